@@ -1,0 +1,29 @@
+# The two commands README.md promises: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+DISTS := core plugins/models plugins/quant plugins/parsers plugins/gguf plugins/rocm plugins/xpu examples/third-party-plugin
+PYPROJECTS := $(addsuffix /pyproject.toml,$(DISTS))
+TEST_DEPS := pytest hypothesis httpx openai triton
+
+.PHONY: setup test demo clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: $(PYPROJECTS) Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "==> installing torch==2.13.0 (CPU build) into $(VENV)"
+	$(PIP) install torch==2.13.0
+	@echo "==> installing every distribution (editable) and the test tools"
+	$(PIP) install $(addprefix -e ./,$(DISTS)) $(TEST_DEPS)
+	@touch $@
+
+test: setup
+	$(PY) -m pytest -q
+
+demo: setup
+	$(PY) scripts/demo.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

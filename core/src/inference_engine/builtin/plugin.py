@@ -1,0 +1,32 @@
+"""Registrations of the core's built-ins; targets stay strings until used."""
+
+from __future__ import annotations
+
+import os
+
+from inference_engine.hookspecs import hookimpl
+from inference_engine.registry import Spec
+
+
+@hookimpl
+def ie_register_platforms() -> list[Spec]:
+    return [
+        Spec("cpu", "inference_engine.builtin.platforms.cpu:CpuPlatform", "CPU (always present)"),
+        Spec("cuda", "inference_engine.builtin.platforms.cuda:CudaPlatform", "NVIDIA CUDA GPUs"),
+    ]
+
+
+@hookimpl
+def ie_detect_weight_format(path: str) -> str | None:
+    """Name the format from the path alone, so a missing plugin can be named too."""
+    if path.endswith(".gguf"):
+        return "gguf"
+    if os.path.isdir(path):
+        names = os.listdir(path)
+        if any(n.endswith(".safetensors") or n == "model.safetensors.index.json" for n in names):
+            return "safetensors"
+        if any(n.endswith(".gguf") for n in names):
+            return "gguf"
+    elif path.endswith(".safetensors"):
+        return "safetensors"
+    return None

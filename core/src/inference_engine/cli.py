@@ -1,0 +1,90 @@
+"""The ``inference-engine`` command line (typer); thin, calls into the rest."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Optional
+
+import typer
+
+from inference_engine import __version__
+
+app = typer.Typer(
+    name="inference-engine",
+    help="Plugin-based LLM inference and serving engine.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"inference-engine {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        Optional[bool],
+        typer.Option("--version", callback=_version_callback, is_eager=True,
+                     help="Print the version and exit."),
+    ] = None,
+) -> None:
+    """Plugin-based LLM inference and serving engine."""
+
+
+@app.command("list-plugins")
+def list_plugins(
+    kind: Annotated[
+        Optional[str],
+        typer.Option(help="Only show plugins providing this kind (models, quantization, "
+                          "platforms, attention_backends, weight_formats, tool_parsers, "
+                          "reasoning_parsers)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    strict: Annotated[bool, typer.Option(help="Exit 1 if any plugin failed to load.")] = False,
+) -> None:
+    """List installed plugins, their status and what each provides."""
+    from inference_engine.plugins import get_plugins
+    from inference_engine.registry import KINDS
+
+    try:
+        plugin_set = get_plugins()
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    if kind is not None and kind not in KINDS.values():
+        typer.echo(f"error: unknown kind {kind!r}; kinds: {', '.join(KINDS.values())}", err=True)
+        raise typer.Exit(2)
+    infos = plugin_set.infos
+    if kind is not None:
+        infos = [i for i in infos if i.provides.get(kind)]
+    if as_json:
+        typer.echo(json.dumps([i.as_json() for i in infos], indent=2))
+    else:
+        rows = [("PLUGIN", "DISTRIBUTION", "VERSION", "STATUS", "PROVIDES")]
+        for info in infos:
+            provided = "; ".join(
+                f"{k}: {', '.join(v)}" for k, v in info.provides.items()
+                if v and (kind is None or k == kind)
+            )
+            status = info.status if info.error is None else f"error: {info.error}"
+            rows.append((info.name, info.distribution or "-", info.version or "-", status,
+                         provided or "-"))
+        widths = [max(len(r[c]) for r in rows) for c in range(4)]
+        for row in rows:
+            typer.echo("  ".join(cell.ljust(widths[c]) for c, cell in enumerate(row[:4]))
+                       + "  " + row[4])
+    if strict and plugin_set.errors():
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

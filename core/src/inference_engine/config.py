@@ -1,0 +1,192 @@
+"""One :class:`EngineConfig` built once from CLI flags or keyword arguments.
+
+This is the only module that reads environment variables. Validation raises
+``ValueError`` naming the flag; nothing here asserts on user input.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+__all__ = [
+    "CacheConfig",
+    "EngineConfig",
+    "ModelConfig",
+    "ParallelConfig",
+    "QuantConfig",
+    "SchedulerConfig",
+    "SpeculativeConfig",
+    "api_key_from_env",
+    "plugin_filter_from_env",
+]
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def plugin_filter_from_env() -> list[str] | None:
+    """``INFERENCE_ENGINE_PLUGINS=a,b`` restricts which plugins load (None: all)."""
+    value = os.environ.get("INFERENCE_ENGINE_PLUGINS")
+    if value is None or not value.strip():
+        return None
+    return [name.strip() for name in value.split(",") if name.strip()]
+
+
+def api_key_from_env() -> str | None:
+    """The server's API key from ``INFERENCE_ENGINE_API_KEY``, if set."""
+    return os.environ.get("INFERENCE_ENGINE_API_KEY") or None
+
+
+@dataclass
+class ModelConfig:
+    """Which checkpoint to run and how to hold its weights."""
+
+    # Model folder (HF layout) or a single weights file (e.g. .gguf).
+    model: str
+    # Tokenizer folder; defaults to the model folder.
+    tokenizer: str | None = None
+    # "auto" (the checkpoint's torch_dtype), "float32", "bfloat16" or "float16".
+    dtype: str = "auto"
+    # Longest sequence (prompt + output) in tokens; None: the model's own limit.
+    max_model_len: int | None = None
+    # Attention backend name as registered ("paged", "torch_sdpa").
+    attention_backend: str = "paged"
+    # Base seed for requests that set no seed of their own.
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.max_model_len is not None and self.max_model_len <= 0:
+            raise ValueError(f"--max-model-len must be positive, got {self.max_model_len}")
+
+
+@dataclass
+class CacheConfig:
+    """Paged KV cache sizing."""
+
+    # Tokens per KV block.
+    block_size: int = 16
+    # Bytes for the KV pool; None: a fraction of free memory (see kv_cache.py).
+    kv_cache_memory: int | None = None
+    # Reuse full blocks across requests by chained block hash.
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0:
+            raise ValueError(f"--block-size must be positive, got {self.block_size}")
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+            raise ValueError(f"--kv-cache-memory must be positive, got {self.kv_cache_memory}")
+
+
+@dataclass
+class SchedulerConfig:
+    """Continuous batching limits."""
+
+    # Most requests in one step.
+    max_num_seqs: int = 128
+    # Token budget of one step (decodes + prefill chunks).
+    max_num_batched_tokens: int = 2048
+    # Split long prompts across steps; when off a prompt must fit the budget whole.
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs <= 0:
+            raise ValueError(f"--max-num-seqs must be positive, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens <= 0:
+            raise ValueError(
+                f"--max-num-batched-tokens must be positive, got {self.max_num_batched_tokens}"
+            )
+
+
+@dataclass
+class ParallelConfig:
+    """Devices and parallelism (tensor/expert parallelism come later)."""
+
+    tensor_parallel_size: int = 1
+    # Device indices to use (``--device-ids 0,1``); CUDA_VISIBLE_DEVICES is never set.
+    device_ids: list[int] | None = None
+    # Force a platform by name (``--platform``); None: the present one with top priority.
+    platform: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size != 1:
+            raise ValueError("--tensor-parallel-size > 1 is not supported yet")
+        if self.device_ids is not None and any(i < 0 for i in self.device_ids):
+            raise ValueError(f"--device-ids must be non-negative, got {self.device_ids}")
+
+
+@dataclass
+class QuantConfig:
+    """Quantization method selection."""
+
+    # Registered method name (``--quantization``); None: what the checkpoint says.
+    method: str | None = None
+    # Dequantize packed weights once at load (speed for memory); off by default.
+    dequantize_at_load: bool = False
+
+
+@dataclass
+class SpeculativeConfig:
+    """Speculative decoding (later work); None means off."""
+
+    method: str | None = None
+    num_speculative_tokens: int = 0
+
+
+@dataclass
+class EngineConfig:
+    """The root config handed to every engine component."""
+
+    model: ModelConfig
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    quant: QuantConfig = field(default_factory=QuantConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+
+    @classmethod
+    def from_kwargs(cls, model: str, **kwargs: Any) -> EngineConfig:
+        """Build from flat vLLM-style keywords (``block_size=4``, ``quantization=...``).
+
+        Raises:
+            TypeError: for a keyword no sub-config knows.
+        """
+        aliases = {"quantization": ("quant", "method")}
+        parts: dict[str, dict[str, Any]] = {
+            "model": {"model": model},
+            "cache": {},
+            "scheduler": {},
+            "parallel": {},
+            "quant": {},
+            "speculative": {},
+        }
+        owners = {
+            f.name: section
+            for section, sub in (
+                ("model", ModelConfig),
+                ("cache", CacheConfig),
+                ("scheduler", SchedulerConfig),
+                ("parallel", ParallelConfig),
+                ("quant", QuantConfig),
+                ("speculative", SpeculativeConfig),
+            )
+            for f in fields(sub)
+        }
+        for key, value in kwargs.items():
+            if key in aliases:
+                section, name = aliases[key]
+            elif key in owners:
+                section, name = owners[key], key
+            else:
+                raise TypeError(f"unknown engine argument {key!r}")
+            parts[section][name] = value
+        return cls(
+            model=ModelConfig(**parts["model"]),
+            cache=CacheConfig(**parts["cache"]),
+            scheduler=SchedulerConfig(**parts["scheduler"]),
+            parallel=ParallelConfig(**parts["parallel"]),
+            quant=QuantConfig(**parts["quant"]),
+            speculative=SpeculativeConfig(**parts["speculative"]),
+        )

@@ -1,0 +1,1 @@
+"""ABCs that plugins subclass: platform, attention, quant, weight format, model, parsers."""

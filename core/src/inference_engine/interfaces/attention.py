@@ -1,0 +1,102 @@
+"""Attention backend interface and the metadata every backend receives per step."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["AttentionBackend", "AttentionMetadata", "KVCacheSpec"]
+
+
+@dataclass(frozen=True, slots=True)
+class KVCacheSpec:
+    """What one attention layer keeps per token in the paged cache.
+
+    The pool is laid out block-wise: one physical block holds every layer's
+    entries for ``block_size`` tokens in one contiguous byte range, so layers
+    with different specs (MLA latents, indexer keys) fit the same pool.
+    """
+
+    # Number of tensors stored per token (2 for K and V; 1 for an MLA latent).
+    num_tensors: int
+    # Heads per tensor (KV heads for K/V; 1 for a latent).
+    num_heads: int
+    # Elements per head.
+    head_dim: int
+    dtype: torch.dtype
+
+    def bytes_per_block(self, block_size: int) -> int:
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return self.num_tensors * block_size * self.num_heads * self.head_dim * elem
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """The flattened batch of one step, as attention needs it.
+
+    Sequences are ordered decodes first: the first ``num_decodes`` have a
+    query length of one. Host-side lists mirror the tensors for backends that
+    loop over sequences.
+    """
+
+    # Tokens in the step, summed over sequences.
+    num_tokens: int
+    num_decodes: int
+    # [num_seqs + 1] int64 offsets of each sequence's queries in the flat batch.
+    query_start_loc: torch.Tensor
+    # [num_seqs] int64 tokens in context after this step (cached + new).
+    seq_lens: torch.Tensor
+    # [num_tokens] int64 flat cache slot (block_id * block_size + offset) per new token.
+    slot_mapping: torch.Tensor
+    # [num_seqs, max_blocks] int64 physical block ids, padded with 0.
+    block_tables: torch.Tensor
+    block_size: int
+    query_lens_list: list[int]
+    seq_lens_list: list[int]
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens_list)
+
+
+class AttentionBackend(ABC):
+    """Computes attention for one layer over the paged cache.
+
+    Implementations write the new K/V into the cache at ``slot_mapping`` and
+    attend each query to its sequence's cached context causally.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        num_kv_heads: int,
+        scale: float,
+        sliding_window: int | None = None,
+    ) -> None:
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.num_kv_heads = num_kv_heads
+        self.scale = scale
+        self.sliding_window = sliding_window
+
+    @abstractmethod
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Attend and return ``[num_tokens, num_heads * head_dim]``.
+
+        Args:
+            query: ``[num_tokens, num_heads, head_dim]``.
+            key, value: ``[num_tokens, num_kv_heads, head_dim]`` for the new tokens.
+            kv_cache: (k_cache, v_cache), each
+                ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+            metadata: the step's batch layout.
+        """

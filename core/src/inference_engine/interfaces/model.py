@@ -1,0 +1,58 @@
+"""What a model plugin's class receives and must provide."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from inference_engine.interfaces.attention import AttentionBackend, AttentionMetadata
+    from inference_engine.interfaces.quant import QuantMethod
+
+__all__ = ["CausalLM", "ModelContext"]
+
+
+@dataclass
+class ModelContext:
+    """Everything a model needs to build its layers."""
+
+    # transformers PretrainedConfig of the checkpoint.
+    hf_config: Any
+    # Compute dtype of weights and activations.
+    dtype: torch.dtype
+    # Quantization method owning every linear layer's weights.
+    quant_method: QuantMethod
+    # Attention backend class each attention layer instantiates.
+    attention_backend: type[AttentionBackend]
+    device: torch.device
+
+
+class CausalLM(nn.Module, ABC):
+    """A decoder-only language model over the flattened batch of one step."""
+
+    def __init__(self, ctx: ModelContext) -> None:
+        super().__init__()
+        self.ctx = ctx
+
+    @abstractmethod
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        """Hidden states ``[num_tokens, hidden]`` for token ids/positions ``[num_tokens]``."""
+
+    @abstractmethod
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits ``[n, vocab]`` for selected hidden states ``[n, hidden]``."""
+
+    @abstractmethod
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load checkpoint tensors by checkpoint name; return the names consumed.
+
+        Raises:
+            ValueError: naming unexpected tensors or shape mismatches.
+        """

@@ -1,0 +1,58 @@
+"""Quantization method interface: owns a linear layer's weights and its matmul."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["QuantMethod"]
+
+
+class QuantMethod(ABC):
+    """Creates, loads, converts and applies the weights of linear layers.
+
+    One instance serves a whole model; it may treat layers differently by
+    ``prefix`` (mixed precision, excluded layers). Weight preparation
+    (:meth:`create_weights`, :meth:`process_weights_after_loading`) is kept
+    apart from the runtime op (:meth:`apply`).
+    """
+
+    def __init__(self, checkpoint_config: dict[str, Any] | None = None, **options: Any) -> None:
+        # The checkpoint's ``quantization_config`` (None for online methods).
+        self.checkpoint_config = checkpoint_config or {}
+        self.options = options
+
+    @abstractmethod
+    def create_weights(
+        self,
+        layer: nn.Module,
+        prefix: str,
+        input_size: int,
+        output_sizes: list[int],
+        params_dtype: torch.dtype,
+    ) -> None:
+        """Register the parameters the checkpoint holds for this layer on ``layer``.
+
+        Args:
+            layer: the linear module; parameters get a ``weight_loader`` attribute.
+            prefix: the layer's dotted name (``model.layers.0.self_attn.qkv_proj``).
+            input_size: K.
+            output_sizes: N of each fused part (q, k, v) in order.
+            params_dtype: the model's compute dtype.
+        """
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Convert loaded weights to their runtime form (repack, quantize online)."""
+
+    @abstractmethod
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``x @ W.T + bias`` for ``x: [num_tokens, K]``, returning ``[num_tokens, N]``."""
+
+    def weight_memory_bytes(self, layer: nn.Module) -> int:
+        """Bytes the layer's weights occupy at run time."""
+        return sum(p.numel() * p.element_size() for p in layer.parameters(recurse=False))

@@ -1,0 +1,10 @@
+"""The distribution is discovered through its entry point and loads cleanly."""
+
+from inference_engine.plugins import load_plugins
+
+
+def test_plugin_loads_through_entry_point():
+    infos = {info.name: info for info in load_plugins().infos}
+    assert "models" in infos, sorted(infos)
+    assert infos["models"].distribution == "inference-engine-models"
+    assert infos["models"].status == "ok", infos["models"].error

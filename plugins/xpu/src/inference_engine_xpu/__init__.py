@@ -1,0 +1,3 @@
+"""Intel XPU platform for inference-engine."""
+
+__version__ = "0.1.0"
