@@ -81,6 +81,51 @@ def list_plugins(
         raise typer.Exit(1)
 
 
+@app.command("generate")
+def generate(
+    model: Annotated[str, typer.Option(help="Model folder (Hugging Face layout) or .gguf file.")],
+    prompt: Annotated[list[str], typer.Option(help="Prompt text; repeat for a batch.")],
+    max_tokens: Annotated[int, typer.Option(min=1, help="Tokens to generate per prompt.")] = 64,
+    temperature: Annotated[float, typer.Option(min=0.0, help="0 means greedy.")] = 0.0,
+    top_p: Annotated[float, typer.Option(min=0.0, max=1.0)] = 1.0,
+    top_k: Annotated[int, typer.Option(help="0 disables top-k.")] = 0,
+    seed: Annotated[Optional[int], typer.Option(help="Per-request sampling seed.")] = None,
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "auto",
+    attention_backend: Annotated[str, typer.Option(help="Registered attention backend.")] = "paged",
+    block_size: Annotated[int, typer.Option(min=1, help="Tokens per KV block.")] = 16,
+    kv_cache_memory: Annotated[Optional[int], typer.Option(help="KV pool bytes.")] = None,
+    ignore_eos: Annotated[bool, typer.Option(help="Do not stop at EOS.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per prompt per line.")] = False,
+) -> None:
+    """Generate completions for one or more prompts, batched together."""
+    from inference_engine.entrypoints.llm import LLM
+    from inference_engine.registry import UnknownNameError
+    from inference_engine.sampling_params import SamplingParams
+
+    try:
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                top_k=top_k, seed=seed, ignore_eos=ignore_eos)
+        llm = LLM(model, dtype=dtype, attention_backend=attention_backend, block_size=block_size,
+                  kv_cache_memory=kv_cache_memory, show_progress=not as_json)
+        outputs = llm.generate(list(prompt), params, use_tqdm=not as_json)
+    except (ValueError, UnknownNameError, OSError, TypeError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    for text, output in zip(prompt, outputs, strict=True):
+        completion = output.outputs[0]
+        if as_json:
+            typer.echo(json.dumps({
+                "prompt": text,
+                "prompt_token_ids": output.prompt_token_ids,
+                "token_ids": completion.token_ids,
+                "text": completion.text,
+                "finish_reason": completion.finish_reason,
+            }, ensure_ascii=False))
+        else:
+            typer.echo(f"{text}{completion.text}")
+            typer.echo(f"[{completion.finish_reason}, {len(completion.token_ids)} tokens]", err=True)
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

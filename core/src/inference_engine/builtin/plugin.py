@@ -17,6 +17,44 @@ def ie_register_platforms() -> list[Spec]:
 
 
 @hookimpl
+def ie_register_attention_backends() -> list[Spec]:
+    return [
+        Spec(
+            "paged",
+            "inference_engine.builtin.attention.paged:PagedAttentionBackend",
+            "Block-table attention with batched decode (default)",
+        ),
+        Spec(
+            "torch_sdpa",
+            "inference_engine.builtin.attention.torch_sdpa:TorchSDPABackend",
+            "Reference: per-sequence SDPA over the gathered context",
+        ),
+    ]
+
+
+@hookimpl
+def ie_register_quantization_methods() -> list[Spec]:
+    return [
+        Spec(
+            "unquantized",
+            "inference_engine.builtin.quant.unquantized:UnquantizedMethod",
+            "Dense weights in the model dtype",
+        )
+    ]
+
+
+@hookimpl
+def ie_register_weight_formats() -> list[Spec]:
+    return [
+        Spec(
+            "safetensors",
+            "inference_engine.builtin.weights.safetensors_format:SafetensorsFormat",
+            "Hugging Face folder: config.json + (sharded) safetensors",
+        )
+    ]
+
+
+@hookimpl
 def ie_detect_weight_format(path: str) -> str | None:
     """Name the format from the path alone, so a missing plugin can be named too."""
     if path.endswith(".gguf"):

@@ -55,6 +55,12 @@ class AttentionMetadata:
     block_size: int
     query_lens_list: list[int]
     seq_lens_list: list[int]
+    # [num_tokens] int64 block id and in-block offset of each new token's slot;
+    # per-layer cache views are strided across blocks, so writes index both.
+    slot_blocks: torch.Tensor | None = None
+    slot_offsets: torch.Tensor | None = None
+    # Longest context among the decodes, so batched decode gathers no more blocks than needed.
+    max_decode_seq_len: int = 0
 
     @property
     def num_seqs(self) -> int:

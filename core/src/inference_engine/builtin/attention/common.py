@@ -1,0 +1,57 @@
+"""Cache writes, context gathers and masks shared by the built-in backends."""
+
+from __future__ import annotations
+
+import torch
+
+from inference_engine.interfaces.attention import AttentionMetadata
+
+__all__ = ["causal_mask", "gather_context", "write_kv"]
+
+
+def write_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    metadata: AttentionMetadata,
+) -> None:
+    """Store the step's new K/V at their slots.
+
+    Per-layer caches are strided views into the block-contiguous pool, so the
+    slot is addressed as (block, offset) rather than through a flat view.
+    """
+    if metadata.slot_blocks is None:
+        blocks = torch.div(metadata.slot_mapping, metadata.block_size, rounding_mode="floor")
+        offsets = metadata.slot_mapping - blocks * metadata.block_size
+    else:
+        blocks, offsets = metadata.slot_blocks, metadata.slot_offsets
+    k_cache[blocks, offsets] = key.to(k_cache.dtype)
+    v_cache[blocks, offsets] = value.to(v_cache.dtype)
+
+
+def gather_context(
+    cache: torch.Tensor, block_table: torch.Tensor, seq_len: int, block_size: int
+) -> torch.Tensor:
+    """One sequence's cached entries ``[seq_len, kv_heads, head_dim]`` in order."""
+    num_blocks = -(-seq_len // block_size)
+    ctx = cache[block_table[:num_blocks]]
+    return ctx.reshape(num_blocks * block_size, *cache.shape[2:])[:seq_len]
+
+
+def causal_mask(
+    query_len: int,
+    seq_len: int,
+    device: torch.device,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Boolean ``[query_len, seq_len]``: True where a query may attend.
+
+    Queries are the last ``query_len`` positions of the context.
+    """
+    q_pos = torch.arange(seq_len - query_len, seq_len, device=device).unsqueeze(1)
+    k_pos = torch.arange(seq_len, device=device).unsqueeze(0)
+    mask = k_pos <= q_pos
+    if sliding_window is not None:
+        mask &= k_pos > q_pos - sliding_window
+    return mask

@@ -1,0 +1,52 @@
+"""Reference backend: each sequence's context is gathered and attended on its own.
+
+Slow but plain; the paged backend is checked against it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from inference_engine.builtin.attention.common import causal_mask, gather_context, write_kv
+from inference_engine.interfaces.attention import AttentionBackend, AttentionMetadata
+
+__all__ = ["TorchSDPABackend"]
+
+
+class TorchSDPABackend(AttentionBackend):
+    """Per-sequence ``scaled_dot_product_attention`` over the gathered context."""
+
+    name = "torch_sdpa"
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        k_cache, v_cache = kv_cache
+        write_kv(k_cache, v_cache, key, value, metadata)
+        out = torch.empty(
+            query.shape[0], self.num_heads, self.head_dim, dtype=query.dtype, device=query.device
+        )
+        starts = metadata.query_start_loc.tolist()
+        for i, seq_len in enumerate(metadata.seq_lens_list):
+            start, end = starts[i], starts[i + 1]
+            table = metadata.block_tables[i]
+            k = gather_context(k_cache, table, seq_len, metadata.block_size).to(query.dtype)
+            v = gather_context(v_cache, table, seq_len, metadata.block_size).to(query.dtype)
+            q = query[start:end]
+            mask = causal_mask(end - start, seq_len, query.device, self.sliding_window)
+            o = F.scaled_dot_product_attention(
+                q.transpose(0, 1),
+                k.transpose(0, 1),
+                v.transpose(0, 1),
+                attn_mask=mask,
+                scale=self.scale,
+                enable_gqa=self.num_kv_heads != self.num_heads,
+            )
+            out[start:end] = o.transpose(0, 1)
+        return out.view(query.shape[0], self.num_heads * self.head_dim)

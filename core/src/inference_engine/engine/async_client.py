@@ -1,0 +1,189 @@
+"""``AsyncLLM``: the engine on a background thread, streaming to asyncio callers.
+
+The engine is only ever touched by its own thread; callers send commands
+through a queue and receive each request's outputs on an asyncio queue, so an
+event loop (the server) never blocks on a forward pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from inference_engine.config import EngineConfig
+from inference_engine.engine.llm_engine import LLMEngine, PromptInput
+from inference_engine.outputs import RequestOutput
+from inference_engine.sampling_params import SamplingParams
+
+__all__ = ["AsyncLLM", "EngineDeadError"]
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread stopped; no request can be served."""
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[RequestOutput | BaseException]
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+class AsyncLLM:
+    """Asynchronous front of :class:`LLMEngine`."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._commands: queue.Queue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = (
+            queue.Queue()
+        )
+        self._streams: dict[str, _Stream] = {}
+        self._ids = itertools.count()
+        self._stopped = threading.Event()
+        self._dead: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, show_progress: bool = True) -> AsyncLLM:
+        return cls(LLMEngine(config, show_progress=show_progress))
+
+    @classmethod
+    def from_model(cls, model: str, **kwargs: Any) -> AsyncLLM:
+        return cls.from_config(EngineConfig.from_kwargs(model, **kwargs))
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive() and self._dead is None
+
+    # ---- the engine thread -------------------------------------------------
+    def _loop(self) -> None:
+        engine = self.engine
+        while not self._stopped.is_set():
+            busy = engine.has_unfinished_requests() and not engine.is_paused
+            try:
+                # Idle: sleep until a command arrives; busy: only take what is queued.
+                command = self._commands.get_nowait() if busy else self._commands.get(timeout=1.0)
+            except queue.Empty:
+                command = None
+            while command is not None:
+                fn, future = command
+                try:
+                    future.set_result(fn())
+                except BaseException as exc:  # reported to the caller, not fatal
+                    future.set_exception(exc)
+                try:
+                    command = self._commands.get_nowait()
+                except queue.Empty:
+                    command = None
+            if self._stopped.is_set():
+                break
+            if not engine.has_unfinished_requests() or engine.is_paused:
+                continue
+            try:
+                outputs = engine.step()
+            except BaseException as exc:
+                logger.exception("engine step failed; failing all requests")
+                self._dead = exc
+                for stream in self._streams.values():
+                    stream.put(EngineDeadError(f"engine step failed: {exc!r}"))
+                self._streams.clear()
+                return
+            self._dispatch(outputs)
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is None:
+                continue
+            stream.put(output)
+            if output.finished:
+                del self._streams[output.request_id]
+
+    async def _call(self, fn: Callable[[], Any]) -> Any:
+        if self._dead is not None or not self._thread.is_alive():
+            raise EngineDeadError(f"the engine is not running ({self._dead!r})")
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._commands.put((fn, future))
+        return await asyncio.wrap_future(future)
+
+    # ---- public API ----------------------------------------------------------
+    async def generate(
+        self,
+        prompt: PromptInput,
+        sampling_params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield the request's output after every step that changed it; the last is finished.
+
+        Leaving the iteration early (a client that went away) aborts the request.
+        """
+        rid = request_id if request_id is not None else f"async-{next(self._ids)}"
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+
+        def add() -> str:
+            if rid in self._streams:
+                raise ValueError(f"request id {rid!r} is already in use")
+            self.engine.add_request(prompt, sampling_params, request_id=rid)
+            self._streams[rid] = stream
+            return rid
+
+        await self._call(add)
+        finished = False
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished and self.is_running:
+                self._commands.put((lambda: self._abort_now([rid]), concurrent.futures.Future()))
+
+    def _abort_now(self, request_ids: list[str]) -> list[RequestOutput]:
+        outputs = self.engine.abort_request(request_ids)
+        self._dispatch(outputs)
+        for rid in request_ids:
+            self._streams.pop(rid, None)
+        return outputs
+
+    async def abort(self, request_ids: str | list[str]) -> list[str]:
+        """Abort requests; their streams end with finish_reason "abort". Returns ids found."""
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        outputs = await self._call(lambda: self._abort_now(ids))
+        return [o.request_id for o in outputs]
+
+    async def pause(self) -> None:
+        await self._call(self.engine.pause)
+
+    async def resume(self) -> None:
+        await self._call(self.engine.resume)
+
+    async def is_paused(self) -> bool:
+        return self.engine.is_paused
+
+    async def stats(self) -> dict[str, float]:
+        return await self._call(self.engine.stats)
+
+    def shutdown(self) -> None:
+        self._stopped.set()
+        self._commands.put((lambda: None, concurrent.futures.Future()))
+        self._thread.join(timeout=30)

@@ -1,0 +1,236 @@
+"""The paged KV pool and the block manager with prefix caching.
+
+The pool is one ``[num_blocks, bytes_per_block]`` byte tensor: a physical block
+holds every layer's K and V for ``block_size`` tokens in one contiguous range,
+so a block is the unit of allocation, freeing and (later) offload. Each layer
+sees strided typed views into its slice of every block.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from inference_engine.interfaces.attention import KVCacheSpec
+
+__all__ = ["BlockManager", "KVCachePool", "NoFreeBlocksError", "PrefixCacheStats"]
+
+logger = logging.getLogger(__name__)
+
+# Block 0 is never handed out: block tables are padded with it and it stays zero.
+NULL_BLOCK = 0
+
+
+class NoFreeBlocksError(RuntimeError):
+    """The pool cannot hold one more block."""
+
+
+class KVCachePool:
+    """Allocates the block-contiguous pool and hands each layer its views."""
+
+    def __init__(
+        self,
+        specs: Sequence[KVCacheSpec],
+        block_size: int,
+        num_blocks: int,
+        device: torch.device,
+    ) -> None:
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.specs = list(specs)
+        self.layer_offsets: list[int] = []
+        offset = 0
+        for spec in self.specs:
+            elem = torch.empty((), dtype=spec.dtype).element_size()
+            offset = -(-offset // elem) * elem  # align each layer's slice to its element size
+            self.layer_offsets.append(offset)
+            offset += spec.bytes_per_block(block_size)
+        self.bytes_per_block = -(-offset // 64) * 64
+        self.storage = torch.zeros(num_blocks, self.bytes_per_block, dtype=torch.uint8, device=device)
+
+    @staticmethod
+    def bytes_per_block_for(specs: Sequence[KVCacheSpec], block_size: int) -> int:
+        total = sum(s.bytes_per_block(block_size) for s in specs) + 8 * len(specs)
+        return -(-total // 64) * 64
+
+    def layer_views(self, layer: int) -> tuple[torch.Tensor, ...]:
+        """The layer's tensors, each ``[num_blocks, block_size, heads, head_dim]``."""
+        spec = self.specs[layer]
+        per_tensor = spec.bytes_per_block(self.block_size) // spec.num_tensors
+        views = []
+        for t in range(spec.num_tensors):
+            start = self.layer_offsets[layer] + t * per_tensor
+            raw = self.storage[:, start : start + per_tensor]
+            views.append(
+                raw.view(spec.dtype).view(self.num_blocks, self.block_size, spec.num_heads, spec.head_dim)
+            )
+        return tuple(views)
+
+
+@dataclass
+class PrefixCacheStats:
+    """Prompt tokens looked up in the prefix cache and how many were found."""
+
+    queried_tokens: int = 0
+    hit_tokens: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+
+def chain_hash(parent: int | None, token_ids: Sequence[int]) -> int:
+    """Key of a full block: its tokens and, through ``parent``, every token before."""
+    return hash((parent, tuple(token_ids)))
+
+
+class BlockManager:
+    """Owns block ids: per-request block lists, reference counts, prefix cache.
+
+    Free cached blocks stay findable by hash until evicted least-recently-used;
+    a hit takes them back. Blocks are shared by reference count.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 2:
+            raise ValueError(f"the KV pool needs at least 2 blocks, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self._free: list[int] = list(range(num_blocks - 1, NULL_BLOCK, -1))  # pop() gives low ids first
+        self._ref = [0] * num_blocks
+        self._block_hash: list[int | None] = [None] * num_blocks
+        self._cached: dict[int, int] = {}  # hash -> block id
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # free cached blocks, LRU first
+        self.req_blocks: dict[str, list[int]] = {}
+        self._req_hashes: dict[str, list[int]] = {}
+        self.stats = PrefixCacheStats()
+
+    # ---- capacity -------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - self.num_free_blocks / (self.num_blocks - 1)
+
+    def blocks_needed(self, request_id: str, num_tokens: int) -> int:
+        have = len(self.req_blocks.get(request_id, ()))
+        return max(0, -(-num_tokens // self.block_size) - have)
+
+    # ---- prefix cache ---------------------------------------------------
+    def match_prefix(self, request_id: str, token_ids: Sequence[int]) -> int:
+        """Attach cached blocks for the longest cached prefix; return tokens covered.
+
+        At least one token is always left to compute so the step yields logits.
+        """
+        if not self.enable_prefix_caching or request_id in self.req_blocks:
+            return 0
+        bs = self.block_size
+        max_blocks = (len(token_ids) - 1) // bs
+        self.stats.queried_tokens += len(token_ids)
+        blocks: list[int] = []
+        hashes: list[int] = []
+        parent: int | None = None
+        for i in range(max_blocks):
+            h = chain_hash(parent, token_ids[i * bs : (i + 1) * bs])
+            block = self._cached.get(h)
+            if block is None:
+                break
+            blocks.append(block)
+            hashes.append(h)
+            parent = h
+        for block in blocks:
+            if self._ref[block] == 0:
+                self._evictable.pop(block, None)
+            self._ref[block] += 1
+        self.req_blocks[request_id] = blocks
+        self._req_hashes[request_id] = hashes
+        hit = len(blocks) * bs
+        self.stats.hit_tokens += hit
+        return hit
+
+    def cache_full_blocks(self, request_id: str, token_ids: Sequence[int], num_computed: int) -> None:
+        """Register the request's blocks that are now full of computed tokens."""
+        if not self.enable_prefix_caching:
+            return
+        blocks = self.req_blocks.get(request_id)
+        if not blocks:
+            return
+        hashes = self._req_hashes.setdefault(request_id, [])
+        bs = self.block_size
+        full = min(num_computed // bs, len(blocks))
+        parent = hashes[-1] if hashes else None
+        for i in range(len(hashes), full):
+            h = chain_hash(parent, token_ids[i * bs : (i + 1) * bs])
+            hashes.append(h)
+            parent = h
+            block = blocks[i]
+            if h not in self._cached and self._block_hash[block] is None:
+                self._cached[h] = block
+                self._block_hash[block] = h
+
+    # ---- allocation -----------------------------------------------------
+    def _take_block(self) -> int:
+        if self._free:
+            block = self._free.pop()
+        elif self._evictable:
+            block, _ = self._evictable.popitem(last=False)
+            h = self._block_hash[block]
+            if h is not None and self._cached.get(h) == block:
+                del self._cached[h]
+            self._block_hash[block] = None
+        else:
+            raise NoFreeBlocksError("no free KV blocks")
+        self._ref[block] = 1
+        return block
+
+    def allocate(self, request_id: str, num_tokens: int) -> bool:
+        """Grow the request's table to hold ``num_tokens``; False (and no change) if full."""
+        need = self.blocks_needed(request_id, num_tokens)
+        if need > self.num_free_blocks:
+            return False
+        table = self.req_blocks.setdefault(request_id, [])
+        for _ in range(need):
+            table.append(self._take_block())
+        return True
+
+    def free(self, request_id: str) -> None:
+        """Release the request's blocks; cached ones stay findable until evicted."""
+        blocks = self.req_blocks.pop(request_id, [])
+        self._req_hashes.pop(request_id, None)
+        # Tail blocks first, so the least useful part of a prefix is evicted first.
+        for block in reversed(blocks):
+            self._ref[block] -= 1
+            if self._ref[block] == 0:
+                if self._block_hash[block] is not None:
+                    self._evictable[block] = None
+                else:
+                    self._free.append(block)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every free cached block (used blocks keep working)."""
+        for block in list(self._evictable):
+            self._cached.pop(self._block_hash[block], None)
+            self._block_hash[block] = None
+            self._free.append(block)
+        self._evictable.clear()
+
+
+def num_blocks_for_memory(memory_bytes: int, bytes_per_block: int) -> int:
+    return memory_bytes // bytes_per_block
+
+
+def log_capacity(num_blocks: int, block_size: int, bytes_per_block: int) -> str:
+    message = (
+        f"KV cache: {num_blocks - 1} blocks of {block_size} tokens "
+        f"({bytes_per_block * num_blocks / 2**20:.1f} MiB), "
+        f"up to {(num_blocks - 1) * block_size} tokens in flight"
+    )
+    logger.info(message)
+    return message

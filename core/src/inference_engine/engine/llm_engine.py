@@ -1,0 +1,341 @@
+"""The synchronous engine: requests in, one scheduled forward per ``step()``, outputs out."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from inference_engine.config import EngineConfig
+from inference_engine.engine.kv_cache import BlockManager, KVCachePool, log_capacity
+from inference_engine.engine.loader import load_model
+from inference_engine.engine.model_runner import ModelRunner
+from inference_engine.engine.request import FinishReason, Request
+from inference_engine.engine.scheduler import Scheduler, SchedulerOutput
+from inference_engine.outputs import CompletionOutput, RequestOutput
+from inference_engine.platform_selection import select_platform
+from inference_engine.sampling_params import SamplingParams
+
+__all__ = ["LLMEngine", "PromptInput"]
+
+logger = logging.getLogger(__name__)
+
+PromptInput = str | dict[str, Any] | list[int]
+
+# Default KV pool: this share of free memory, capped.
+DEFAULT_KV_FRACTION = 0.25
+DEFAULT_KV_CAP = 16 << 30
+
+
+@dataclass
+class _Group:
+    """A user request: its prompt and the ``n`` sequences sampled for it."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    children: list[Request]
+    num_cached_tokens: int = 0
+    reported_finished: bool = False
+
+
+class LLMEngine:
+    """Owns the model, KV cache, scheduler and sampler; not thread-safe."""
+
+    def __init__(self, config: EngineConfig, show_progress: bool = True) -> None:
+        self.config = config
+        self.platform = select_platform(config.parallel.platform, config.parallel.device_ids)
+        self.platform.set_up_process()
+        if config.model.seed is not None:
+            torch.manual_seed(config.model.seed)
+        loaded = load_model(config.model, config.quant, self.platform, show_progress)
+        self.loaded = loaded
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.eos_token_ids = frozenset(loaded.eos_token_ids)
+        self.max_model_len = loaded.max_model_len
+        self.dtype = loaded.dtype
+        sched = config.scheduler
+        block_size = config.cache.block_size
+        self.runner = ModelRunner(
+            self.model,
+            self.platform.device(),
+            block_size,
+            self.max_model_len,
+            sched.max_num_seqs,
+            sched.max_num_batched_tokens,
+        )
+        bytes_per_block = KVCachePool.bytes_per_block_for(self.runner.kv_cache_specs(), block_size)
+        num_blocks = self._num_blocks(bytes_per_block)
+        pool = self.runner.allocate_kv_cache(num_blocks)
+        self.capacity_message = log_capacity(num_blocks, block_size, pool.bytes_per_block)
+        self.blocks = BlockManager(num_blocks, block_size, config.cache.enable_prefix_caching)
+        self.scheduler = Scheduler(sched, self.blocks, self.max_model_len)
+        from inference_engine.sampling.sampler import Sampler
+
+        self.sampler = Sampler(seed=config.model.seed)
+        self._groups: dict[str, _Group] = {}
+        self._ids = itertools.count()
+        self._pending_outputs: list[RequestOutput] = []
+        self.num_generated_tokens = 0
+        self.num_prompt_tokens_computed = 0
+
+    # ---- set-up -------------------------------------------------------------
+    def _num_blocks(self, bytes_per_block: int) -> int:
+        memory = self.config.cache.kv_cache_memory
+        if memory is None:
+            free, _total = self.platform.memory_info()
+            memory = min(int(free * DEFAULT_KV_FRACTION), DEFAULT_KV_CAP) if free else 1 << 30
+        num_blocks = memory // bytes_per_block
+        if num_blocks < 2:
+            raise ValueError(
+                f"kv_cache_memory={memory} bytes holds {num_blocks} blocks of {bytes_per_block} "
+                f"bytes; at least 2 are needed"
+            )
+        return int(num_blocks)
+
+    # ---- requests -----------------------------------------------------------
+    def tokenize_prompt(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, list(self.tokenizer.encode(prompt))
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
+            if "prompt" in prompt:
+                return self.tokenize_prompt(prompt["prompt"])
+            raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+        if isinstance(prompt, (list, tuple)):
+            return None, [int(t) for t in prompt]
+        raise TypeError(f"unsupported prompt type {type(prompt).__name__}")
+
+    def add_request(
+        self,
+        prompt: PromptInput,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        """Queue a request; returns its id.
+
+        Raises:
+            ValueError: empty prompt, a prompt at or over the context limit, token
+                ids outside the vocabulary, or a duplicate id.
+        """
+        params = params or SamplingParams()
+        request_id = request_id if request_id is not None else str(next(self._ids))
+        if request_id in self._groups:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text, token_ids = self.tokenize_prompt(prompt)
+        if not token_ids:
+            raise ValueError("the prompt is empty")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(token_ids)} tokens; the model's context limit is "
+                f"{self.max_model_len}, leaving no room to generate"
+            )
+        vocab = self.model.ctx.hf_config.vocab_size
+        bad = [t for t in token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids outside the vocabulary [0, {vocab}): {bad[:8]}")
+        stop_ids = frozenset(params.stop_token_ids or ())
+        eos = stop_ids if params.ignore_eos else self.eos_token_ids | stop_ids
+        children = []
+        for index in range(params.n):
+            child_params = params if params.n == 1 else params.for_sample(index)
+            child_id = request_id if params.n == 1 else f"{request_id}#{index}"
+            child = Request(
+                request_id=child_id,
+                prompt_token_ids=token_ids,
+                params=child_params,
+                eos_token_ids=eos,
+                max_model_len=self.max_model_len,
+            )
+            child.extra["index"] = index
+            child.extra["group"] = request_id
+            child.extra["detokenizer"] = self._detokenizer(token_ids, child_params)
+            children.append(child)
+        group = _Group(request_id, text, token_ids, children)
+        self._groups[request_id] = group
+        for child in children:
+            self.scheduler.add(child)
+        return request_id
+
+    def _detokenizer(self, prompt_token_ids: list[int], params: SamplingParams) -> Any:
+        from inference_engine.detokenizer import IncrementalDetokenizer
+
+        return IncrementalDetokenizer(
+            self.tokenizer, prompt_token_ids, skip_special_tokens=params.skip_special_tokens
+        )
+
+    def abort_request(self, request_ids: str | list[str]) -> list[RequestOutput]:
+        """Abort requests in any state; returns their final outputs (unknown ids are skipped)."""
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        outputs = []
+        for rid in ids:
+            group = self._groups.get(rid)
+            if group is None:
+                continue
+            for child in group.children:
+                self.scheduler.abort(child.request_id)
+            outputs.append(self._group_output(group))
+            group.reported_finished = True
+            del self._groups[rid]
+        return outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._groups) or bool(self._pending_outputs)
+
+    def num_unfinished_requests(self) -> int:
+        return len(self._groups)
+
+    def pause(self) -> None:
+        """Stop scheduling; running requests keep their cache and resume later."""
+        self.scheduler.paused = True
+
+    def resume(self) -> None:
+        self.scheduler.paused = False
+
+    @property
+    def is_paused(self) -> bool:
+        return self.scheduler.paused
+
+    # ---- the step -------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduled forward; returns outputs of requests that changed."""
+        outputs, self._pending_outputs = self._pending_outputs, []
+        out = self.scheduler.schedule()
+        touched: dict[str, _Group] = {}
+        # Requests the scheduler ended by itself (too long for the whole pool).
+        for group in list(self._groups.values()):
+            if any(c.is_finished for c in group.children) and not group.reported_finished:
+                touched[group.request_id] = group
+        if not out.is_empty:
+            self._run(out, touched)
+        for group in touched.values():
+            output = self._group_output(group)
+            outputs.append(output)
+            if output.finished:
+                group.reported_finished = True
+                self._groups.pop(group.request_id, None)
+        return outputs
+
+    def _run(self, out: SchedulerOutput, touched: dict[str, _Group]) -> None:
+        block_lists = [self.blocks.req_blocks[s.request.request_id] for s in out.scheduled]
+        for s in out.scheduled:
+            request = s.request
+            if request.num_computed_tokens < request.num_prompt_tokens:
+                group = self._groups[request.extra["group"]]
+                if request.num_computed_tokens and request.num_preemptions == 0 and not group.num_cached_tokens:
+                    group.num_cached_tokens = request.num_computed_tokens
+        logits = self.runner.execute(out, block_lists)
+        for i, prompt_logits in logits.prompt_logits.items():
+            self._add_prompt_logprobs(out.scheduled[i], prompt_logits)
+        self.scheduler.update_after_step(out)
+        self.num_prompt_tokens_computed += sum(
+            s.num_new_tokens for s in out.scheduled if not s.samples or s.num_new_tokens > 1
+        )
+        sampling = [out.scheduled[i].request for i in logits.sample_rows]
+        if not sampling:
+            return
+        token_ids, logprobs = self.sampler.sample(logits.sample_logits, sampling)
+        for row, request in enumerate(sampling):
+            token = token_ids[row]
+            request.append_token(token)
+            if request.logprobs is not None and logprobs is not None:
+                request.logprobs.append(logprobs[row])
+            self.num_generated_tokens += 1
+            self._check_stop(request, token)
+            touched[request.extra["group"]] = self._groups[request.extra["group"]]
+
+    def _add_prompt_logprobs(self, scheduled: Any, logits: torch.Tensor) -> None:
+        from inference_engine.sampling.logprobs import prompt_logprobs
+
+        request = scheduled.request
+        start = request.num_computed_tokens
+        if request.prompt_logprobs is None:
+            request.prompt_logprobs = [None]
+        # Row j predicts token start + j + 1; only prompt positions count, and a
+        # recomputed (preempted) prefix is not counted twice.
+        have = len(request.prompt_logprobs) - 1
+        end = min(start + scheduled.num_new_tokens, request.num_prompt_tokens - 1)
+        if end > have >= start:
+            targets = request.prompt_token_ids[have + 1 : end + 1]
+            request.prompt_logprobs.extend(
+                prompt_logprobs(logits[have - start : end - start], targets,
+                                request.params.prompt_logprobs, self.tokenizer)
+            )
+
+    def _check_stop(self, request: Request, token: int) -> None:
+        detok = request.extra["detokenizer"]
+        params = request.params
+        num_out = len(request.output_token_ids)
+        is_eos = token in request.eos_token_ids and num_out > params.min_tokens - 1
+        stop_strings = params.stop or []
+        detok.add_tokens([token])
+        if stop_strings and num_out >= params.min_tokens:
+            from inference_engine.detokenizer import find_stop
+
+            hit = find_stop(detok.text, request.extra.get("checked_len", 0), stop_strings,
+                            params.include_stop_str_in_output)
+            if hit is not None:
+                text, stop = hit
+                request.extra["final_text"] = text
+                self.scheduler.finish(request, FinishReason.STOP, stop)
+                return
+            request.extra["checked_len"] = len(detok.text)
+        if is_eos:
+            stop_reason = token if token in (params.stop_token_ids or ()) else None
+            self.scheduler.finish(request, FinishReason.STOP, stop_reason)
+        elif num_out >= request.max_new_tokens() or request.num_tokens >= self.max_model_len:
+            self.scheduler.finish(request, FinishReason.LENGTH)
+
+    def _group_output(self, group: _Group) -> RequestOutput:
+        completions = []
+        for child in group.children:
+            detok = child.extra["detokenizer"]
+            text = child.extra.get("final_text")
+            if text is None:
+                text = detok.text
+                if not child.is_finished and child.params.stop:
+                    from inference_engine.detokenizer import stop_holdback
+
+                    text = text[: len(text) - stop_holdback(text, child.params.stop)]
+            completions.append(
+                CompletionOutput(
+                    index=child.extra["index"],
+                    text=text,
+                    token_ids=list(child.output_token_ids),
+                    logprobs=list(child.logprobs) if child.logprobs is not None else None,
+                    finish_reason=child.finish_reason.value if child.finish_reason else None,
+                    stop_reason=child.stop_reason,
+                )
+            )
+        first = group.children[0]
+        errors = [c.extra["error"] for c in group.children if "error" in c.extra]
+        return RequestOutput(
+            request_id=group.request_id,
+            prompt=group.prompt,
+            prompt_token_ids=group.prompt_token_ids,
+            outputs=completions,
+            finished=all(c.is_finished for c in group.children),
+            prompt_logprobs=first.prompt_logprobs,
+            num_cached_tokens=group.num_cached_tokens,
+            error=errors[0] if errors else None,
+        )
+
+    # ---- stats ----------------------------------------------------------------
+    def stats(self) -> dict[str, float]:
+        return {
+            "num_running": self.scheduler.num_running,
+            "num_waiting": self.scheduler.num_waiting,
+            "kv_cache_usage": self.blocks.usage,
+            "prefix_cache_hit_rate": self.blocks.stats.hit_rate,
+            "prefix_cache_queried_tokens": self.blocks.stats.queried_tokens,
+            "prefix_cache_hit_tokens": self.blocks.stats.hit_tokens,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "generated_tokens": self.num_generated_tokens,
+            "time": time.time(),
+        }

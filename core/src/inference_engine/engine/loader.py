@@ -1,0 +1,160 @@
+"""Turn a checkpoint path into a loaded model, its config, tokenizer and EOS ids."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from inference_engine.config import ModelConfig, QuantConfig
+from inference_engine.interfaces.model import CausalLM, ModelContext
+from inference_engine.interfaces.platform import Platform
+from inference_engine.plugins import get_plugins
+
+__all__ = ["LoadedModel", "load_model", "resolve_dtype"]
+
+logger = logging.getLogger(__name__)
+
+DTYPE_NAMES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
+
+
+@dataclass
+class LoadedModel:
+    model: CausalLM
+    hf_config: Any
+    tokenizer: Any
+    eos_token_ids: set[int]
+    dtype: torch.dtype
+    max_model_len: int
+    architecture: str
+
+
+def resolve_dtype(requested: str, hf_config: Any, platform: Platform) -> torch.dtype:
+    """The compute dtype; float16 becomes bfloat16 on CPU, where fp16 math is ~1000x slower."""
+    if requested == "auto":
+        raw = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+        if isinstance(raw, str):
+            raw = DTYPE_NAMES.get(raw, torch.float32)
+        dtype = raw if isinstance(raw, torch.dtype) else torch.float32
+    else:
+        dtype = DTYPE_NAMES[requested]
+    if dtype == torch.float16 and platform.device_type == "cpu":
+        warnings.warn(
+            "float16 is very slow on CPU; computing in bfloat16 instead", stacklevel=2
+        )
+        dtype = torch.bfloat16
+    return dtype
+
+
+def detect_format(path: str) -> str:
+    plugins = get_plugins()
+    name = plugins.hook.ie_detect_weight_format(path=path)
+    if name is None:
+        raise ValueError(
+            f"cannot tell the weight format of {path!r}: expected a folder with config.json and "
+            f"*.safetensors, or a .gguf file (registered formats: "
+            f"{', '.join(plugins.registry.names('weight_formats'))})"
+        )
+    return name
+
+
+def _hf_config(config_dict: dict[str, Any]) -> Any:
+    from transformers import AutoConfig
+
+    model_type = config_dict.get("model_type")
+    if not model_type:
+        raise ValueError("config.json has no model_type")
+    rest = {k: v for k, v in config_dict.items() if k != "model_type"}
+    try:
+        return AutoConfig.for_model(model_type, **rest)
+    except ValueError as exc:
+        raise ValueError(f"config.json: transformers does not know model_type {model_type!r}: {exc}") from exc
+
+
+def _quant_method(quant: QuantConfig, hf_config: Any) -> Any:
+    registry = get_plugins().registry
+    checkpoint_cfg = getattr(hf_config, "quantization_config", None)
+    if checkpoint_cfg is not None and not isinstance(checkpoint_cfg, dict):
+        checkpoint_cfg = checkpoint_cfg.to_dict()
+    name = quant.method or (checkpoint_cfg or {}).get("quant_method") or "unquantized"
+    cls = registry.resolve("quantization", name)
+    return cls(checkpoint_cfg, dequantize_at_load=quant.dequantize_at_load)
+
+
+def load_model(
+    model_config: ModelConfig,
+    quant: QuantConfig,
+    platform: Platform,
+    show_progress: bool = True,
+) -> LoadedModel:
+    """Load weights into the registered architecture.
+
+    Raises:
+        UnknownNameError / RemovedArchitectureError: for the architecture.
+        ValueError: missing/unexpected tensors or shape mismatches, by name.
+    """
+    registry = get_plugins().registry
+    path = model_config.model
+    fmt = registry.resolve("weight_formats", detect_format(path))(path)
+    hf_config = _hf_config(fmt.load_config())
+    architectures = getattr(hf_config, "architectures", None) or []
+    if not architectures:
+        raise ValueError(f"config.json of {path} lists no architectures")
+    architecture = architectures[0]
+    model_cls = registry.resolve("models", architecture)
+    dtype = resolve_dtype(model_config.dtype, hf_config, platform)
+    backend_cls = registry.resolve("attention_backends", model_config.attention_backend)
+    device = platform.device()
+    ctx = ModelContext(
+        hf_config=hf_config,
+        dtype=dtype,
+        quant_method=_quant_method(quant, hf_config),
+        attention_backend=backend_cls,
+        device=device,
+    )
+    with torch.device(device):
+        model = model_cls(ctx)
+    model.eval()
+    names = fmt.tensor_names()
+    weights = fmt.iter_weights()
+    if show_progress:
+        weights = tqdm(weights, total=len(names), desc="Loading weights", unit="tensor",
+                       disable=len(names) < 64, leave=False)
+    with torch.no_grad():
+        model.load_weights(weights)
+        for module in model.modules():
+            method = getattr(module, "quant_method", None)
+            if method is not None:
+                method.process_weights_after_loading(module)
+    tokenizer = fmt.load_tokenizer()
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_config.tokenizer or path)
+    eos = _eos_ids(fmt.generation_config(), hf_config, tokenizer)
+    max_len = model_config.max_model_len or getattr(hf_config, "max_position_embeddings", 2048)
+    return LoadedModel(model, hf_config, tokenizer, eos, dtype, int(max_len), architecture)
+
+
+def _eos_ids(generation_config: dict[str, Any], hf_config: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    for source in (generation_config.get("eos_token_id"), getattr(hf_config, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(i) for i in source)
+        if ids:
+            break
+    if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids

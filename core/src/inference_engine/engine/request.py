@@ -1,0 +1,83 @@
+"""One sequence's state as it moves through the scheduler."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from inference_engine.sampling_params import SamplingParams
+
+__all__ = ["FinishReason", "Request", "RequestStatus"]
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+@dataclass(eq=False)
+class Request:
+    """A sequence: prompt, generated tokens and how much of it the cache holds.
+
+    ``num_computed_tokens`` counts tokens whose K/V are in the cache; the
+    scheduler advances it, preemption resets it to zero (recompute).
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    # Token ids that end the sequence (EOS from generation_config + stop_token_ids).
+    eos_token_ids: frozenset[int] = frozenset()
+    # Context limit: prompt + output never exceed it.
+    max_model_len: int = 1 << 30
+    arrival_time: float = field(default_factory=time.monotonic)
+    output_token_ids: list[int] = field(default_factory=list)
+    all_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: FinishReason | None = None
+    # The stop string or token id that ended it.
+    stop_reason: int | str | None = None
+    num_preemptions: int = 0
+    # Per-token sample logprobs and prompt logprobs, filled when requested.
+    logprobs: list[dict[int, Any]] | None = None
+    prompt_logprobs: list[dict[int, Any] | None] | None = None
+    # Engine-side companions (detokenizer, parent of an n>1 group, generator).
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.all_token_ids:
+            self.all_token_ids = list(self.prompt_token_ids)
+        if self.params.logprobs is not None:
+            self.logprobs = []
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    def max_new_tokens(self) -> int:
+        room = self.max_model_len - self.num_prompt_tokens
+        limit = self.params.max_tokens
+        return room if limit is None else min(limit, room)

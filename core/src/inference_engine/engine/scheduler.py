@@ -1,0 +1,191 @@
+"""Continuous batching with chunked prefill, FCFS admission and recompute preemption."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+from inference_engine.config import SchedulerConfig
+from inference_engine.engine.kv_cache import BlockManager
+from inference_engine.engine.request import FinishReason, Request, RequestStatus
+
+__all__ = ["ScheduledRequest", "Scheduler", "SchedulerOutput"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    request: Request
+    # Tokens computed this step, starting at request.num_computed_tokens.
+    num_new_tokens: int
+    # True when this chunk reaches the end of the known tokens, so a token is sampled.
+    samples: bool
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's work, ordered single-token queries first (what backends expect)."""
+
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    """Decides which requests run each step and how many tokens each computes.
+
+    Running requests go first (oldest first), then waiting ones FCFS while
+    the token budget and ``max_num_seqs`` allow. When a running request needs
+    a block and none is free, the newest running request is preempted: its
+    blocks are freed and it goes back to the front of the queue to be
+    recomputed, so nothing is ever dropped.
+    """
+
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager, max_model_len: int) -> None:
+        self.config = config
+        self.blocks = blocks
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.paused = False
+        self.num_preemptions = 0
+
+    # ---- queue management -------------------------------------------------
+    def add(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort(self, request_id: str) -> Request | None:
+        """Finish a request in any state, freeing its blocks; None if unknown."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return None
+        self.finish(request, FinishReason.ABORT)
+        return request
+
+    def finish(self, request: Request, reason: FinishReason, stop_reason: int | str | None = None) -> None:
+        if request.is_finished:
+            return
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.stop_reason = stop_reason
+        if request in self.running:
+            self.running.remove(request)
+        else:
+            try:
+                self.waiting.remove(request)
+            except ValueError:
+                pass
+        self.blocks.free(request.request_id)
+        self.requests.pop(request.request_id, None)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    # ---- scheduling -------------------------------------------------------
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.blocks.free(request.request_id)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        if self.paused:
+            return out
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            remaining = request.num_tokens - request.num_computed_tokens
+            num_new = min(remaining, budget)
+            target = request.num_computed_tokens + num_new
+            while not self.blocks.allocate(request.request_id, target):
+                victim = self.running[-1]
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is request:
+                    break
+            if request.status is RequestStatus.PREEMPTED:
+                break
+            scheduled.append(ScheduledRequest(request, num_new, num_new == remaining))
+            budget -= num_new
+            i += 1
+
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            if request.num_computed_tokens == 0 and request.params.prompt_logprobs is None:
+                request.num_computed_tokens = self.blocks.match_prefix(
+                    request.request_id, request.all_token_ids
+                )
+            remaining = request.num_tokens - request.num_computed_tokens
+            num_new = min(remaining, budget)
+            if num_new < remaining and not self.config.enable_chunked_prefill:
+                if scheduled:
+                    break
+                if remaining > self.config.max_num_batched_tokens:
+                    raise ValueError(
+                        f"prompt of {remaining} tokens exceeds max_num_batched_tokens "
+                        f"({self.config.max_num_batched_tokens}) with chunked prefill off"
+                    )
+            if not self.blocks.allocate(request.request_id, request.num_computed_tokens + num_new):
+                if not self.running and not scheduled:
+                    # Even alone it does not fit: it never will.
+                    self._fail_too_long(request)
+                    continue
+                break
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            scheduled.append(ScheduledRequest(request, num_new, num_new == remaining))
+            budget -= num_new
+
+        scheduled.sort(key=lambda s: s.num_new_tokens != 1)
+        out.scheduled = scheduled
+        return out
+
+    def _fail_too_long(self, request: Request) -> None:
+        logger.warning(
+            "request %s needs more KV blocks than the whole pool holds; finishing it",
+            request.request_id,
+        )
+        self.blocks.free(request.request_id)
+        request.num_computed_tokens = 0
+        self.finish(request, FinishReason.LENGTH)
+        request.extra["error"] = "the request does not fit in the KV cache"
+
+    def update_after_step(self, out: SchedulerOutput) -> None:
+        """Advance computed counts and register newly full blocks for prefix reuse."""
+        for s in out.scheduled:
+            request = s.request
+            if request.is_finished:
+                continue
+            request.num_computed_tokens += s.num_new_tokens
+            self.blocks.cache_full_blocks(
+                request.request_id, request.all_token_ids, request.num_computed_tokens
+            )

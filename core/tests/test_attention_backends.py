@@ -1,0 +1,119 @@
+"""Both built-in backends against plain causal attention over each sequence's full K/V."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from inference_engine.builtin.attention.paged import PagedAttentionBackend
+from inference_engine.builtin.attention.torch_sdpa import TorchSDPABackend
+from inference_engine.interfaces.attention import AttentionMetadata
+
+HEADS, KV_HEADS, DIM, BLOCK = 4, 2, 8, 4
+
+
+def reference(q, k, v, sliding_window=None):
+    """Textbook softmax(QK^T * scale + causal) V with repeated KV heads; q is the tail of k."""
+    group = HEADS // KV_HEADS
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    qlen, klen = q.shape[0], k.shape[0]
+    scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(DIM)
+    qpos = torch.arange(klen - qlen, klen)[:, None]
+    kpos = torch.arange(klen)[None, :]
+    allowed = kpos <= qpos
+    if sliding_window:
+        allowed &= kpos > qpos - sliding_window
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(qlen, HEADS * DIM)
+
+
+def strided_pool(num_blocks):
+    """Per-layer K/V views into a block-contiguous pool, as the cache manager builds them."""
+    per = BLOCK * KV_HEADS * DIM
+    pool = torch.zeros(num_blocks, 3 * 2 * per)  # three "layers" in each block
+    k = pool[:, 2 * per : 3 * per].view(num_blocks, BLOCK, KV_HEADS, DIM)
+    v = pool[:, 3 * per : 4 * per].view(num_blocks, BLOCK, KV_HEADS, DIM)
+    return k, v
+
+
+@pytest.mark.parametrize("backend_cls", [TorchSDPABackend, PagedAttentionBackend])
+@pytest.mark.parametrize("sliding_window", [None, 3])
+def test_mixed_batch_matches_reference(backend_cls, sliding_window):
+    torch.manual_seed(0)
+    # (cached context, new tokens): two decodes, a fresh prefill, a chunk after cached context.
+    shapes = [(6, 1), (1, 1), (0, 7), (5, 4)]
+    num_blocks = 32
+    perm = torch.randperm(num_blocks - 1) + 1
+    k_cache, v_cache = strided_pool(num_blocks)
+    backend = backend_cls(HEADS, DIM, KV_HEADS, 1 / math.sqrt(DIM), sliding_window)
+    full_k, full_v, tables, qs, ks, vs, slots = [], [], [], [], [], [], []
+    next_block = 0
+    for cached, new in shapes:
+        total = cached + new
+        nblocks = -(-total // BLOCK)
+        table = perm[next_block : next_block + nblocks]
+        next_block += nblocks
+        tables.append(table)
+        kk = torch.randn(total, KV_HEADS, DIM)
+        vv = torch.randn(total, KV_HEADS, DIM)
+        full_k.append(kk)
+        full_v.append(vv)
+        for pos in range(total):
+            b, o = table[pos // BLOCK], pos % BLOCK
+            if pos < cached:
+                k_cache[b, o], v_cache[b, o] = kk[pos], vv[pos]
+            else:
+                slots.append(int(b) * BLOCK + o)
+        qs.append(torch.randn(new, HEADS, DIM))
+        ks.append(kk[cached:])
+        vs.append(vv[cached:])
+    max_blocks = max(len(t) for t in tables)
+    block_tables = torch.zeros(len(shapes), max_blocks, dtype=torch.long)
+    for i, t in enumerate(tables):
+        block_tables[i, : len(t)] = t
+    qlens = [n for _, n in shapes]
+    seq_lens = [c + n for c, n in shapes]
+    qsl = torch.tensor([0] + list(torch.tensor(qlens).cumsum(0)), dtype=torch.long)
+    md = AttentionMetadata(
+        num_tokens=sum(qlens),
+        num_decodes=2,
+        query_start_loc=qsl,
+        seq_lens=torch.tensor(seq_lens),
+        slot_mapping=torch.tensor(slots),
+        block_tables=block_tables,
+        block_size=BLOCK,
+        query_lens_list=qlens,
+        seq_lens_list=seq_lens,
+        max_decode_seq_len=max(seq_lens[:2]),
+    )
+    out = backend.forward(torch.cat(qs), torch.cat(ks), torch.cat(vs), (k_cache, v_cache), md)
+    for i in range(len(shapes)):
+        expect = reference(qs[i], full_k[i], full_v[i], sliding_window)
+        got = out[qsl[i] : qsl[i + 1]]
+        torch.testing.assert_close(got, expect, atol=1e-5, rtol=1e-5)
+    # The new tokens were written into the cache at their slots.
+    for i, table in enumerate(tables):
+        for pos in range(shapes[i][0], seq_lens[i]):
+            torch.testing.assert_close(k_cache[table[pos // BLOCK], pos % BLOCK], full_k[i][pos])
+
+
+def test_single_decode_fast_path():
+    torch.manual_seed(1)
+    k_cache, v_cache = strided_pool(8)
+    kk, vv = torch.randn(10, KV_HEADS, DIM), torch.randn(10, KV_HEADS, DIM)
+    table = torch.tensor([5, 2, 7])
+    for pos in range(9):
+        k_cache[table[pos // BLOCK], pos % BLOCK] = kk[pos]
+        v_cache[table[pos // BLOCK], pos % BLOCK] = vv[pos]
+    q = torch.randn(1, HEADS, DIM)
+    md = AttentionMetadata(
+        num_tokens=1, num_decodes=1, query_start_loc=torch.tensor([0, 1]),
+        seq_lens=torch.tensor([10]), slot_mapping=torch.tensor([7 * BLOCK + 1]),
+        block_tables=table[None], block_size=BLOCK, query_lens_list=[1], seq_lens_list=[10],
+    )
+    backend = PagedAttentionBackend(HEADS, DIM, KV_HEADS, 1 / math.sqrt(DIM))
+    out = backend.forward(q, kk[9:], vv[9:], (k_cache, v_cache), md)
+    torch.testing.assert_close(out, reference(q, kk, vv), atol=1e-5, rtol=1e-5)
