@@ -153,3 +153,16 @@ def test_cli_unknown_plugin_filter_and_kind_exit_2():
 def test_cli_version():
     result = _cli("--version")
     assert result.returncode == 0 and "inference-engine" in result.stdout
+
+
+def test_plugin_docs_are_current():
+    """docs/plugins.md's hook reference matches the hookspec docstrings."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    script = root / "scripts" / "gen_plugin_docs.py"
+    assert subprocess.run([sys.executable, str(script), "--check"]).returncode == 0, (
+        "run scripts/gen_plugin_docs.py"
+    )
