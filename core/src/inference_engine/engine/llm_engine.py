@@ -77,7 +77,7 @@ class LLMEngine:
         self.scheduler = Scheduler(sched, self.blocks, self.max_model_len)
         from inference_engine.sampling.sampler import Sampler
 
-        self.sampler = Sampler(seed=config.model.seed)
+        self.sampler = Sampler(seed=config.model.seed, tokenizer=self.tokenizer)
         self._groups: dict[str, _Group] = {}
         self._ids = itertools.count()
         self._pending_outputs: list[RequestOutput] = []

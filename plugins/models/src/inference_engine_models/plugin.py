@@ -1,8 +1,15 @@
-"""Registrations of inference-engine-models; targets stay strings until used.
-
-Nothing is registered until the code behind a name exists and works.
-"""
+"""Registrations of inference-engine-models; targets stay strings until used."""
 
 from __future__ import annotations
 
-from inference_engine import hookimpl  # noqa: F401 - used as registrations land
+from inference_engine import Spec, hookimpl
+
+
+@hookimpl
+def ie_register_models() -> list[Spec]:
+    base = "inference_engine_models"
+    return [
+        Spec("LlamaForCausalLM", f"{base}.llama:LlamaForCausalLM", "Llama 2/3 dense decoder"),
+        Spec("Qwen2ForCausalLM", f"{base}.qwen2:Qwen2ForCausalLM", "Qwen2 / Qwen2.5 dense decoder"),
+        Spec("Qwen3ForCausalLM", f"{base}.qwen3:Qwen3ForCausalLM", "Qwen3 dense decoder (q/k norm)"),
+    ]

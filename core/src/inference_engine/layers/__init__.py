@@ -1,0 +1,1 @@
+"""Building blocks model plugins assemble: linear layers, norms, rotary, attention, MLP."""

@@ -1,0 +1,1 @@
+"""Token selection: logits processing, seeded sampling and logprobs."""

@@ -1,0 +1,118 @@
+"""Tiny offline checkpoints for tests, benchmarks and the demo (no downloads).
+
+A byte-level BPE tokenizer is trained on a built-in text, and a random
+transformers model is saved next to it in Hugging Face layout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["SAMPLE_TEXT", "make_tiny_model", "train_tiny_tokenizer"]
+
+SAMPLE_TEXT = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Paged attention stores keys and values in fixed size blocks.",
+    "Continuous batching mixes prefill chunks with running decodes.",
+    "héllo wörld, naïve café, 你好世界, こんにちは, 🎉🚀 emoji spans bytes.",
+    "def add(a, b):\n    return a + b\n",
+    "Once upon a time there was a tiny language model that liked numbers: 1 2 3 42 1000.",
+]
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def train_tiny_tokenizer(vocab_size: int = 384, texts: list[str] | None = None) -> Any:
+    """A transformers fast tokenizer trained here: byte-level BPE with chat specials."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator((texts or SAMPLE_TEXT) * 4, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+ARCH_CONFIGS = {
+    "llama": "LlamaConfig",
+    "qwen2": "Qwen2Config",
+    "qwen3": "Qwen3Config",
+}
+
+
+def make_tiny_model(
+    path: str | Path,
+    arch: str = "qwen3",
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    tokenizer: Any | None = None,
+    **overrides: Any,
+) -> Path:
+    """Save a random ``arch`` model (and tokenizer) under ``path``; returns the path."""
+    import transformers
+
+    path = Path(path)
+    tokenizer = tokenizer or train_tiny_tokenizer()
+    params: dict[str, Any] = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    if arch == "qwen3":
+        params["head_dim"] = 16
+    params.update(overrides)
+    config = getattr(transformers, ARCH_CONFIGS[arch])(**params)
+    torch.manual_seed(seed)
+    model_cls = {
+        "llama": transformers.LlamaForCausalLM,
+        "qwen2": transformers.Qwen2ForCausalLM,
+        "qwen3": transformers.Qwen3ForCausalLM,
+    }[arch]
+    model = model_cls(config).to(dtype)
+    with torch.no_grad():
+        # Random init is nearly flat; a wider spread gives decisive greedy choices.
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.08)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def word_level_tokenizer(vocab_size: int) -> Any:
+    """A tokenizer with ``vocab_size`` synthetic words ``w0 w1 ...``, for benchmarks
+    that feed token ids directly and need every id to decode."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(vocab_size - 1)}
+    vocab["<eos>"] = vocab_size - 1
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="w0")
