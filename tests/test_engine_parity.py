@@ -25,18 +25,25 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def references(tiny_model_dirs, tiny_tokenizer):
-    """arch -> (hf model, [greedy continuation per prompt])."""
+    """arch -> (hf model, [greedy continuation per prompt], tokenizer).
+
+    Prompts are tokenized by ``AutoTokenizer`` of the saved folder, as a
+    transformers user (and the engine) would load it.
+    """
     refs = {}
     for arch, path in tiny_model_dirs.items():
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
         model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        # Like ignore_eos: no EOS handling at all (min_new_tokens would mask EOS logits).
+        model.generation_config.eos_token_id = None
         conts = []
         for prompt in PROMPTS:
-            ids = torch.tensor([tiny_tokenizer.encode(prompt)])
+            ids = torch.tensor([tokenizer.encode(prompt)])
             with torch.no_grad():
                 out = model.generate(ids, do_sample=False, max_new_tokens=NEW_TOKENS,
-                                     min_new_tokens=NEW_TOKENS, attention_mask=torch.ones_like(ids))
+                                     attention_mask=torch.ones_like(ids))
             conts.append(out[0, ids.shape[1]:].tolist())
-        refs[arch] = (model, conts)
+        refs[arch] = (model, conts, tokenizer)
     return refs
 
 
@@ -74,9 +81,9 @@ def test_greedy_parity_qwen3(setup, tiny_model_dirs, tiny_tokenizer, references)
     # Run twice: the second pass hits the prefix cache where it is on.
     for _ in range(2):
         outs = llm.generate(PROMPTS, params)
-        model, conts = references["qwen3"]
+        model, conts, _ = references["qwen3"]
         for prompt, out, ref in zip(PROMPTS, outs, conts, strict=True):
-            assert out.prompt_token_ids == tiny_tokenizer.encode(prompt)
+            assert out.prompt_token_ids == references["qwen3"][2].encode(prompt)
             assert len(out.outputs[0].token_ids) == NEW_TOKENS
             assert out.outputs[0].finish_reason == "length"
             assert_greedy_matches(model, out.prompt_token_ids, out.outputs[0].token_ids, ref)
@@ -92,7 +99,7 @@ def test_greedy_parity_other_archs(arch, tiny_model_dirs, references):
               max_num_batched_tokens=12)
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS,
                                                 ignore_eos=True))
-    model, conts = references[arch]
+    model, conts, _ = references[arch]
     for out, ref in zip(outs, conts, strict=True):
         assert_greedy_matches(model, out.prompt_token_ids, out.outputs[0].token_ids, ref)
 
@@ -103,10 +110,10 @@ def test_prompt_logprobs_match_reference(arch, tiny_model_dirs, tiny_tokenizer, 
     llm = LLM(str(tiny_model_dirs[arch]), dtype="float32", show_progress=False, block_size=4,
               max_num_batched_tokens=8)
     prompt = PROMPTS[1]
-    ids = tiny_tokenizer.encode(prompt)
+    ids = references[arch][2].encode(prompt)
     out = llm.generate(prompt, SamplingParams(max_tokens=1, prompt_logprobs=0, logprobs=3,
                                               temperature=0.0))[0]
-    model, _ = references[arch]
+    model = references[arch][0]
     with torch.no_grad():
         ref = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
     assert out.prompt_logprobs[0] is None

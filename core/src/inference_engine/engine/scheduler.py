@@ -154,8 +154,13 @@ class Scheduler:
                         f"({self.config.max_num_batched_tokens}) with chunked prefill off"
                     )
             if not self.blocks.allocate(request.request_id, request.num_computed_tokens + num_new):
-                if not self.running and not scheduled:
+                # Give back prefix-matched blocks: a waiting request holds nothing.
+                self.blocks.free(request.request_id)
+                request.num_computed_tokens = 0
+                whole = -(-request.num_tokens // self.blocks.block_size)
+                if whole > self.blocks.num_blocks - 1:
                     # Even alone it does not fit: it never will.
+                    self.waiting.popleft()
                     self._fail_too_long(request)
                     continue
                 break
