@@ -53,7 +53,13 @@ def resolve_dtype(requested: str, hf_config: Any, platform: Platform) -> torch.d
             "float16 is very slow on CPU; computing in bfloat16 instead", stacklevel=2
         )
         dtype = torch.bfloat16
-    return dtype
+    compute = platform.compute_dtype(dtype)
+    if compute != dtype:
+        logger.warning(
+            "%s has no native %s matmul; computing in %s (weights are exact in it)",
+            platform.device_name(), dtype, compute,
+        )
+    return compute
 
 
 def detect_format(path: str) -> str:

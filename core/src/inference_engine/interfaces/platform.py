@@ -62,6 +62,10 @@ class Platform(ABC):
         """Attention backend names this platform can run, best first."""
         return ["paged", "torch_sdpa"]
 
+    def compute_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype to compute in when the model asks for ``dtype`` (a slow one may be widened)."""
+        return dtype
+
     def set_up_process(self) -> None:
         """Per-process numeric settings (flush denormals, ...); called at engine start."""
 

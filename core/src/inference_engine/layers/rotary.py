@@ -104,6 +104,8 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos_cache", (emb.cos() * scaling).to(dtype), persistent=False)
         self.register_buffer("sin_cache", (emb.sin() * scaling).to(dtype), persistent=False)
+        self._positions: torch.Tensor | None = None
+        self._cos = self._sin = self.cos_cache[:0]
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         half = self.rot_dim // 2
@@ -118,6 +120,10 @@ class RotaryEmbedding(nn.Module):
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``q [T, H, D]``, ``k [T, KV, D]`` rotated by ``positions [T]``."""
-        cos = self.cos_cache[positions].unsqueeze(1)
-        sin = self.sin_cache[positions].unsqueeze(1)
+        # Every layer shares this module and the step's positions: look them up once.
+        if self._positions is not positions:
+            self._cos = self.cos_cache.index_select(0, positions).unsqueeze(1)
+            self._sin = self.sin_cache.index_select(0, positions).unsqueeze(1)
+            self._positions = positions
+        cos, sin = self._cos, self._sin
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)

@@ -81,8 +81,9 @@ class PagedAttentionBackend(AttentionBackend):
         num_blocks = -(-max_len // bs)
         table = metadata.block_tables[:n, :num_blocks]
         padded = num_blocks * bs
-        k = k_cache[table].view(n, padded, self.num_kv_heads, self.head_dim)
-        v = v_cache[table].view(n, padded, self.num_kv_heads, self.head_dim)
+        flat = table.reshape(-1)
+        k = k_cache.index_select(0, flat).view(n, padded, self.num_kv_heads, self.head_dim)
+        v = v_cache.index_select(0, flat).view(n, padded, self.num_kv_heads, self.head_dim)
         q = query.unsqueeze(2)  # [n, heads, 1, head_dim]
         mask = None
         if n == 1 and self.sliding_window is None:
