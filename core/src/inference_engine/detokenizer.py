@@ -1,93 +1,246 @@
-"""Incremental detokenization and stop-string matching across token boundaries."""
+"""Incremental detokenization and stop-string matching across token boundaries.
+
+``IncrementalDetokenizer`` follows vLLM's prefix/read offsets: each step
+decodes a short window of recent tokens twice, without and with the new ones,
+and emits the difference. Decoding a window (not single tokens) keeps merges,
+added/stripped spaces (SentencePiece's leading space) and multi-byte characters
+right; cost per token depends on the window, not on the output length.
+
+NOTE: like vLLM, this assumes decoding is local: text decoded from a window
+is what the same tokens contribute inside the whole output. Tokenizers whose
+``decode`` rewrites across tokens (``clean_up_tokenization_spaces=True``
+turning " ." into ".") can differ from ``decode(all)`` at window edges.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+import weakref
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["IncrementalDetokenizer", "find_stop", "stop_holdback"]
+__all__ = [
+    "IncrementalDetokenizer",
+    "StopChecker",
+    "StopMatch",
+    "find_stop",
+    "find_stop_string",
+    "stop_holdback",
+]
 
-# Tokens of context decoded before the new ones, so merges and spaces come out right.
-WINDOW = 6
+# Prompt tokens decoded ahead of the first output token (vLLM's initial offset).
+PROMPT_CONTEXT = 5
+# Tokens held back at most; past this the text is emitted even if it ends in
+# U+FFFD (then genuinely invalid bytes: a UTF-8 character spans at most 4
+# tokens), so the decoded window stays bounded.
+MAX_PENDING = 32
 REPLACEMENT = "\ufffd"
 
 
 class IncrementalDetokenizer:
-    """Turns a growing token list into text, only ever emitting certain text.
+    """Turns a growing list of output tokens into text, emitting only certain text.
 
-    Each call decodes a short window ``[prefix, read)`` and ``[prefix, end)``
-    and emits the difference, so cost per token does not grow with the output.
-    Text ending in U+FFFD (an unfinished multi-byte character) is held back
-    until the character completes.
+    Text is held back while the decoded window ends with U+FFFD (a multi-byte
+    character whose remaining bytes are in later tokens) or while new tokens add
+    no text yet; :meth:`flush` releases it at the end.
+
+    Args:
+        tokenizer: anything with ``decode(ids, skip_special_tokens=...)``.
+        prompt_token_ids: the prompt; its last few tokens give the first output
+            tokens their left context (spaces, merges).
+        skip_special_tokens: leave special tokens out of the text.
     """
 
     def __init__(self, tokenizer: Any, prompt_token_ids: Sequence[int],
                  skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
-        self.ids: list[int] = list(prompt_token_ids[-WINDOW:])
-        self.prefix_offset = 0
-        self.read_offset = len(self.ids)
-        self.text = ""
+        # Skipped special tokens add no text: keep them out of the window, so a
+        # run of them does not grow it.
+        self._skipped_ids = _skipped_special_ids(tokenizer) if skip_special_tokens else frozenset()
+        context = self._kept(prompt_token_ids)
+        # Window of recent ids: [prefix, read) is emitted context, [read, end) pending.
+        self._ids: list[int] = context[-PROMPT_CONTEXT:] if context else []
+        self._prefix = 0
+        self._read = len(self._ids)
+        self._pieces: list[str] = []
+        self.num_output_tokens = 0
+
+    @property
+    def text(self) -> str:
+        """All text emitted so far."""
+        if len(self._pieces) > 1:
+            self._pieces = ["".join(self._pieces)]
+        return self._pieces[0] if self._pieces else ""
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Output tokens whose text is still held back."""
+        return len(self._ids) - self._read
+
+    def _kept(self, token_ids: Sequence[int]) -> list[int]:
+        if not self._skipped_ids:
+            return list(token_ids)
+        return [t for t in token_ids if t not in self._skipped_ids]
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def add_tokens(self, token_ids: Sequence[int]) -> str:
-        """Add generated tokens; return the newly certain text."""
-        self.ids.extend(token_ids)
-        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
-        full = self._decode(self.ids[self.prefix_offset :])
-        if len(full) <= len(prefix) or full.endswith(REPLACEMENT):
-            return ""
-        delta = full[len(prefix) :]
-        self.prefix_offset = self.read_offset
-        self.read_offset = len(self.ids)
-        if self.prefix_offset > WINDOW:
-            # Keep the window short: drop ids nobody will decode again.
-            drop = self.prefix_offset
-            self.ids = self.ids[drop:]
-            self.prefix_offset -= drop
-            self.read_offset -= drop
-        self.text += delta
-        return delta
+        """Add generated tokens; return the text that became certain (maybe "")."""
+        self._ids.extend(self._kept(token_ids))
+        self.num_output_tokens += len(token_ids)
+        return self._emit(force=False)
 
     def flush(self) -> str:
         """End of output: emit whatever is held back, even an incomplete character."""
-        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
-        full = self._decode(self.ids[self.prefix_offset :])
-        delta = full[len(prefix) :] if len(full) > len(prefix) else ""
-        self.prefix_offset = self.read_offset = len(self.ids)
-        self.text += delta
+        return self._emit(force=True)
+
+    def _emit(self, force: bool) -> str:
+        if self._read == len(self._ids):
+            return ""
+        prefix_text = self._decode(self._ids[self._prefix : self._read])
+        full_text = self._decode(self._ids[self._prefix :])
+        is_ready = len(full_text) > len(prefix_text) and not full_text.endswith(REPLACEMENT)
+        if not (is_ready or force or self.num_pending_tokens >= MAX_PENDING):
+            return ""
+        delta = full_text[len(prefix_text) :]
+        # The new tokens become the next window's left context.
+        del self._ids[: self._read]
+        self._prefix, self._read = 0, len(self._ids)
+        if delta:
+            self._pieces.append(delta)
         return delta
 
 
-def find_stop(text: str, checked_len: int, stops: Sequence[str],
-              include: bool = False) -> tuple[str, str] | None:
-    """Earliest stop string in ``text`` not wholly inside the first ``checked_len`` chars.
+_SKIPPED_CACHE: weakref.WeakKeyDictionary[Any, frozenset[int]] = weakref.WeakKeyDictionary()
 
-    Returns (text cut at the stop — the stop itself kept only with
-    ``include`` —, the stop string), or None.
+
+def _skipped_special_ids(tokenizer: Any) -> frozenset[int]:
+    """Special ids that ``decode(..., skip_special_tokens=True)`` drops, once per tokenizer."""
+    try:
+        return _SKIPPED_CACHE[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    candidates = getattr(tokenizer, "all_special_ids", None) or ()
+    skipped = frozenset(
+        t for t in candidates if tokenizer.decode([t], skip_special_tokens=True) == ""
+    )
+    try:
+        _SKIPPED_CACHE[tokenizer] = skipped
+    except TypeError:
+        pass
+    return skipped
+
+
+# ---- stop strings ---------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class StopMatch:
+    """Where generation stops on a stop string."""
+
+    # The output text cut at the stop string (kept only with include_stop_str_in_output).
+    text: str
+    # The stop string that matched.
+    stop: str
+    # Index in the output text where the stop string starts.
+    start: int
+
+
+def find_stop_string(
+    text: str,
+    num_new_chars: int,
+    stop_strings: Sequence[str],
+    include_stop_str_in_output: bool = False,
+) -> StopMatch | None:
+    """Earliest stop string that ends inside the last ``num_new_chars`` of ``text``.
+
+    Only the tail a new match can touch is searched (``num_new_chars +
+    len(stop) - 1`` characters per stop string), so a match that straddles
+    earlier text and the new text is found, and the cost does not grow with
+    the output. The earliest start wins; at equal starts, the shorter string.
+
+    Args:
+        text: the whole output text so far.
+        num_new_chars: how many of its trailing characters are new since the
+            last check (everything before was already checked).
+        stop_strings: non-empty strings.
+        include_stop_str_in_output: keep the stop string in the returned text.
+
+    Returns:
+        The match, or None.
     """
-    longest = max(len(s) for s in stops)
-    start = max(0, checked_len - longest + 1)
+    num_new_chars = min(num_new_chars, len(text))
+    if num_new_chars <= 0:
+        return None
+    new_start = len(text) - num_new_chars
     best: tuple[int, str] | None = None
-    for stop in stops:
-        at = text.find(stop, start)
-        if at != -1 and (best is None or at < best[0]):
+    for stop in stop_strings:
+        at = text.find(stop, max(0, new_start - len(stop) + 1))
+        if at == -1:
+            continue
+        if best is None or at < best[0] or (at == best[0] and len(stop) < len(best[1])):
             best = (at, stop)
     if best is None:
         return None
     at, stop = best
-    return (text[: at + len(stop)] if include else text[:at]), stop
+    end = at + len(stop) if include_stop_str_in_output else at
+    return StopMatch(text[:end], stop, at)
 
 
-def stop_holdback(text: str, stops: Sequence[str]) -> int:
-    """Trailing characters of ``text`` that could still become a stop string."""
+def stop_holdback(text: str, stop_strings: Sequence[str]) -> int:
+    """How many trailing characters of ``text`` to keep out of a stream.
+
+    The longest tail that is a proper prefix of some stop string: it could
+    still grow into that stop string, and a streamed delta must never show
+    part of a stop string that is then cut away.
+    """
     hold = 0
-    for stop in stops:
+    for stop in stop_strings:
         for k in range(min(len(stop) - 1, len(text)), hold, -1):
             if text.endswith(stop[:k]):
                 hold = k
                 break
     return hold
+
+
+def find_stop(text: str, checked_len: int, stops: Sequence[str],
+              include: bool = False) -> tuple[str, str] | None:
+    """Older form of :func:`find_stop_string`: ``text[:checked_len]`` was already checked.
+
+    Returns:
+        (text cut at the stop, the stop string), or None.
+    """
+    match = find_stop_string(text, len(text) - checked_len, stops, include)
+    return None if match is None else (match.text, match.stop)
+
+
+class StopChecker:
+    """A request's stop strings, checked as its text grows.
+
+    Args:
+        stop_strings: non-empty strings (SamplingParams.stop).
+        include_stop_str_in_output: keep the matched string in the text.
+    """
+
+    def __init__(self, stop_strings: Sequence[str],
+                 include_stop_str_in_output: bool = False) -> None:
+        if any(not s for s in stop_strings):
+            raise ValueError("stop strings must be non-empty")
+        self.stop_strings = tuple(stop_strings)
+        self.include_stop_str_in_output = include_stop_str_in_output
+        self.max_stop_len = max((len(s) for s in self.stop_strings), default=0)
+
+    def check(self, text: str, num_new_chars: int) -> StopMatch | None:
+        """See :func:`find_stop_string`."""
+        if not self.stop_strings:
+            return None
+        return find_stop_string(text, num_new_chars, self.stop_strings,
+                                self.include_stop_str_in_output)
+
+    def holdback(self, text: str) -> int:
+        """See :func:`stop_holdback`."""
+        return stop_holdback(text, self.stop_strings) if self.stop_strings else 0
+
+    def streamable_len(self, text: str) -> int:
+        """Length of the prefix of ``text`` that is safe to stream now."""
+        return len(text) - self.holdback(text)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import copy
+import math
+import numbers
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["GREEDY_EPS", "SamplingParams"]
 
-# Temperatures below this mean greedy.
+# Temperatures below this mean greedy (argmax), as in vLLM.
 GREEDY_EPS = 1e-5
 
 
@@ -15,41 +18,86 @@ GREEDY_EPS = 1e-5
 class SamplingParams:
     """How to pick tokens and when to stop.
 
-    ``top_k`` of 0 or -1 disables it; ``max_tokens=None`` generates up to the
-    context limit; ``seed`` makes a request's samples independent of what else
-    is in the batch.
+    Logits are processed in this order (vLLM's and transformers' order):
+    repetition/presence/frequency penalties, temperature, top-k, top-p, min-p,
+    then a draw. Reported ``logprobs`` are the model's raw distribution
+    (log-softmax before any of that processing), as vLLM reports by default.
+
+    ``n > 1`` is served by forking ``n`` sequences; sample ``i`` of a seeded
+    request uses ``seed + i`` (see :meth:`for_sample`).
+
+    Raises:
+        ValueError: a field out of range; the message names the field.
     """
 
+    # Number of independent samples (completions) to return for the prompt.
     n: int = 1
+    # Softmax temperature; below GREEDY_EPS (e.g. 0) means greedy decoding.
     temperature: float = 1.0
+    # Nucleus sampling: keep the most likely tokens holding this much probability; 1 = off.
     top_p: float = 1.0
+    # Keep only the k most likely tokens; 0 or -1 = off (stored as 0).
     top_k: int = 0
+    # Drop tokens whose probability is below min_p times the top token's; 0 = off.
     min_p: float = 0.0
+    # transformers' rule over prompt + output tokens: > 1 discourages repeats; 1 = off.
     repetition_penalty: float = 1.0
+    # OpenAI's rule over output tokens: subtracted once from every token already generated.
     presence_penalty: float = 0.0
+    # OpenAI's rule over output tokens: subtracted once per earlier occurrence.
     frequency_penalty: float = 0.0
+    # Makes this request's draws depend only on the seed and its own position.
     seed: int | None = None
+    # Most tokens to generate; None = until the context limit.
     max_tokens: int | None = 16
+    # EOS and stop_token_ids are masked out until this many tokens are generated.
     min_tokens: int = 0
+    # Strings that end generation; normalised to a list (or None).
     stop: list[str] | str | None = None
+    # Token ids that end generation (in addition to EOS unless ignore_eos).
     stop_token_ids: list[int] | None = None
+    # Keep generating past EOS (stop_token_ids still stop).
     ignore_eos: bool = False
+    # Top-N raw logprobs per generated token (the sampled token is always included).
     logprobs: int | None = None
+    # Top-N raw logprobs per prompt token (the prompt token is always included).
     prompt_logprobs: int | None = None
+    # Leave special tokens out of the output text.
     skip_special_tokens: bool = True
+    # Keep the matched stop string at the end of the output text.
     include_stop_str_in_output: bool = False
-    # Tokens excluded from stop checks etc. are not configurable here; extras for plugins.
-    extra_args: dict = field(default_factory=dict)
+    # Free-form extras for plugins; the core never reads them.
+    extra_args: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         elif self.stop is not None:
             self.stop = list(self.stop)
+            if not self.stop:
+                self.stop = None
         if self.stop is not None and any(not isinstance(s, str) or not s for s in self.stop):
-            raise ValueError("stop must be a list of non-empty strings")
+            raise ValueError(f"stop must hold non-empty strings, got {self.stop!r}")
+        if self.stop_token_ids is not None:
+            self.stop_token_ids = list(self.stop_token_ids)
+            if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
+                raise ValueError(
+                    f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}"
+                )
         if self.top_k == -1:
             self.top_k = 0
+        for name in ("n", "top_k", "min_tokens"):
+            if not _is_int(getattr(self, name)):
+                raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}")
+        for name in ("max_tokens", "seed", "logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not _is_int(value):
+                raise ValueError(f"{name} must be an integer or None, got {value!r}")
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty",
+                     "presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_real(value) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
         checks = [
             (self.n >= 1, f"n must be at least 1, got {self.n}"),
             (self.temperature >= 0, f"temperature must be non-negative, got {self.temperature}"),
@@ -77,8 +125,12 @@ class SamplingParams:
                 raise ValueError(message)
 
     @property
-    def greedy(self) -> bool:
+    def is_greedy(self) -> bool:
+        """True when tokens are picked by argmax (temperature below GREEDY_EPS)."""
         return self.temperature < GREEDY_EPS
+
+    # Older name, kept for callers written against it.
+    greedy = is_greedy
 
     @property
     def has_penalties(self) -> bool:
@@ -89,12 +141,26 @@ class SamplingParams:
         )
 
     def clone(self) -> SamplingParams:
+        """A deep copy (``extra_args`` included)."""
         return copy.deepcopy(self)
 
     def for_sample(self, index: int) -> SamplingParams:
-        """Params of the ``index``-th of ``n`` parallel samples (seed + index when seeded)."""
+        """Params of the ``index``-th of ``n`` forked samples.
+
+        The child has ``n=1`` and, when the request is seeded, ``seed + index``,
+        so each child has its own reproducible stream. NOTE: child 1 of seed 5
+        therefore draws what child 0 of seed 6 draws (as in vLLM).
+        """
         child = self.clone()
         child.n = 1
         if self.seed is not None:
             child.seed = self.seed + index
         return child
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)

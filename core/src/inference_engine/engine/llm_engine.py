@@ -289,8 +289,10 @@ class LLMEngine:
         if is_eos:
             stop_reason = token if token in (params.stop_token_ids or ()) else None
             self.scheduler.finish(request, FinishReason.STOP, stop_reason)
+            detok.flush()
         elif num_out >= request.max_new_tokens() or request.num_tokens >= self.max_model_len:
             self.scheduler.finish(request, FinishReason.LENGTH)
+            detok.flush()
 
     def _group_output(self, group: _Group) -> RequestOutput:
         completions = []

@@ -165,7 +165,10 @@ def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tens
             continue
         loader = getattr(param, "weight_loader", None)
         if loader is not None:
-            loader(param, tensor, shard) if shard is not None else loader(param, tensor)
+            try:
+                loader(param, tensor, shard) if shard is not None else loader(param, tensor)
+            except ValueError as exc:
+                raise ValueError(f"checkpoint tensor {name}: {exc}") from exc
         else:
             if tuple(param.shape) != tuple(tensor.shape):
                 raise ValueError(

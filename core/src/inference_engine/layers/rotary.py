@@ -41,7 +41,11 @@ def inv_frequencies(params: dict[str, Any], rot_dim: int, max_position: int) -> 
     inv = 1.0 / (base**exponents)
     if rope_type == "default":
         return inv, 1.0
-    factor = float(params.get("factor", 1.0))
+    factor = params.get("factor")
+    if factor is None:
+        original_len = params.get("original_max_position_embeddings")
+        factor = max_position / original_len if original_len else 1.0
+    factor = float(factor)
     if rope_type == "linear":
         return inv / factor, 1.0
     if rope_type == "dynamic":

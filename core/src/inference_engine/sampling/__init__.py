@@ -1,1 +1,23 @@
-"""Token selection: logits processing, seeded sampling and logprobs."""
+"""Token selection: logits processing, seeded sampling and logprobs.
+
+Per engine step::
+
+    batch = SamplingBatch.from_rows(params, output_token_ids, vocab_size, device,
+                                    prompt_token_ids=..., eos_token_ids=...)
+    out = sampler(logits, batch)        # SamplerOutput
+"""
+
+from __future__ import annotations
+
+from inference_engine.sampling.batch import SamplingBatch, derive_seed
+from inference_engine.sampling.logprobs import Logprob, compute_prompt_logprobs
+from inference_engine.sampling.sampler import Sampler, SamplerOutput
+
+__all__ = [
+    "Logprob",
+    "Sampler",
+    "SamplerOutput",
+    "SamplingBatch",
+    "compute_prompt_logprobs",
+    "derive_seed",
+]

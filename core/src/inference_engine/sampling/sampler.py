@@ -1,148 +1,203 @@
-"""Batched token selection with per-request parameters.
+"""Batched token selection with per-row parameters.
 
-Processing order follows transformers' warpers: penalties, then temperature,
-top-k, top-p, min-p, then a draw. Reported logprobs are the model's raw
-distribution (log-softmax before any processing), as vLLM reports by default.
+Per step: ``batch = SamplingBatch.from_rows(...)`` then ``sampler(logits, batch)``.
+Processing order follows vLLM and transformers: min_tokens blocking and
+penalties, temperature, top-k, top-p, min-p, then a draw. Greedy rows take the
+argmax after penalties. Reported logprobs are the model's raw distribution
+(log-softmax of the logits as given, before any processing), which is what
+vLLM reports by default.
 
-Seeded requests draw through their own ``torch.Generator`` (one exponential
-vector per sampled token, ``argmax(p / E)`` — an exact categorical draw), so
-their tokens depend only on their seed and their own history, never on what
-else is in the batch.
+Draws use the exponential race: ``argmax(p / E)`` with ``E ~ Exp(1)`` per
+token is an exact categorical draw from ``p``. A seeded row draws its ``E``
+from a generator seeded with ``derive_seed(seed, num_sampled)``, so its tokens
+depend only on its seed and how many tokens it has sampled, never on batch
+size, row position or neighbours (and survive preemption and recompute).
+Unseeded rows share one generator seeded once per sampler.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from inference_engine.engine.request import Request
-from inference_engine.sampling.logprobs import Logprob, top_logprobs
+from inference_engine.sampling.batch import SamplingBatch
+from inference_engine.sampling.logprobs import Logprob, TokenDecoder, logprobs_to_dicts
+from inference_engine.sampling.processors import (
+    NEG_INF,
+    apply_penalties_,
+    apply_temperature_,
+    apply_top_k_top_p_min_p,
+)
 
-__all__ = ["Sampler", "apply_penalties", "apply_top_k_top_p_min_p"]
-
-NEG_INF = float("-inf")
-
-
-def apply_penalties(logits: torch.Tensor, prompt: Sequence[int], output: Sequence[int],
-                    repetition: float, presence: float, frequency: float) -> None:
-    """In place on one row ``[vocab]``.
-
-    Repetition (transformers' rule) covers prompt and output tokens: positive
-    logits are divided, negative ones multiplied. Presence and frequency
-    (OpenAI's rule) cover output tokens: ``logit -= presence * [count > 0] +
-    frequency * count``.
-    """
-    vocab = logits.shape[0]
-    if repetition != 1.0:
-        seen = torch.tensor(list(set(prompt) | set(output)), dtype=torch.long, device=logits.device)
-        if seen.numel():
-            values = logits[seen]
-            logits[seen] = torch.where(values > 0, values / repetition, values * repetition)
-    if (presence != 0.0 or frequency != 0.0) and output:
-        counts = torch.bincount(torch.tensor(output, dtype=torch.long, device=logits.device),
-                                minlength=vocab)[:vocab].to(logits.dtype)
-        logits -= frequency * counts + presence * (counts > 0).to(logits.dtype)
+__all__ = ["Sampler", "SamplerOutput"]
 
 
-def apply_top_k_top_p_min_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                            min_p: torch.Tensor) -> torch.Tensor:
-    """Mask ``[rows, vocab]`` logits per row; ``top_k`` 0 = off, ``top_p`` 1 = off, ``min_p`` 0 = off.
+@dataclass(slots=True)
+class SamplerOutput:
+    """One step's picks."""
 
-    One descending sort serves top-k and top-p; top-p is taken over the
-    distribution left after top-k, and min-p over what is left after both.
-    """
-    vocab = logits.shape[1]
-    sorted_logits, order = logits.sort(dim=1, descending=True)
-    ranks = torch.arange(vocab, device=logits.device)[None, :]
-    k = torch.where(top_k > 0, top_k, vocab)[:, None]
-    sorted_logits = sorted_logits.masked_fill(ranks >= k, NEG_INF)
-    probs = sorted_logits.softmax(dim=1)
-    # Drop a token once the more likely ones already hold top_p of the mass.
-    exclusive = probs.cumsum(dim=1) - probs
-    drop = (exclusive >= top_p[:, None]) & (ranks > 0)
-    sorted_logits = sorted_logits.masked_fill(drop, NEG_INF)
-    if bool((min_p > 0).any()):
-        probs = sorted_logits.softmax(dim=1)
-        sorted_logits = sorted_logits.masked_fill(probs < min_p[:, None] * probs[:, :1], NEG_INF)
-    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+    # [B] int64, on the logits' device.
+    sampled_token_ids: torch.Tensor
+    # Per row {token_id: Logprob} (sampled token first, then the top-N), or None
+    # for rows that did not ask; None overall when no row asked.
+    logprobs: list[dict[int, Logprob] | None] | None = None
 
 
 class Sampler:
-    """Picks one token per row of logits for the requests that sample this step."""
+    """Picks one token per row of float32 logits ``[B, V]``.
+
+    Args:
+        seed: seed of the generator shared by unseeded rows; None picks one from
+            torch's global seed (so ``torch.manual_seed`` makes runs repeatable).
+        tokenizer: fills ``Logprob.decoded_token`` when given.
+    """
 
     def __init__(self, seed: int | None = None, tokenizer: Any = None) -> None:
-        self.generator = torch.Generator()
-        self.generator.manual_seed(seed if seed is not None else torch.initial_seed())
-        self.tokenizer = tokenizer
+        self.seed = int(seed) if seed is not None else int(torch.initial_seed())
+        self.decoder = TokenDecoder(tokenizer)
+        # Per device: the shared generator, and one re-seeded for each seeded row.
+        self._shared: dict[torch.device, torch.Generator] = {}
+        self._per_row: dict[torch.device, torch.Generator] = {}
+
+    # ---- the step -------------------------------------------------------------
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+        return self.forward(logits, batch)
+
+    def forward(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+        """Sample ``[B]`` token ids from ``logits [B, V]`` under ``batch``.
+
+        The input logits are not modified.
+        """
+        if batch.is_plain_greedy:
+            return SamplerOutput(logits.argmax(dim=-1))
+        logits = logits.float()
+        tokens = self.sample_tokens(logits, batch)
+        if batch.num_logprobs is None:
+            return SamplerOutput(tokens)
+        return SamplerOutput(tokens, self.compute_logprobs(logits, tokens, batch.num_logprobs))
+
+    def sample_tokens(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """``[B]`` int64 picks; ``logits`` is left untouched."""
+        processed, is_copy = self._block_and_penalise(logits, batch)
+        if batch.all_greedy:
+            return processed.argmax(dim=-1)
+        greedy_tokens = None
+        if batch.is_greedy is not None:
+            # Greedy rows: argmax after penalties; their warpers are off anyway.
+            greedy_tokens = processed.argmax(dim=-1)
+        processed = self._warp(processed, batch, is_copy)
+        drawn = self._draw(processed.softmax(dim=-1), batch)
+        if greedy_tokens is None:
+            return drawn
+        return torch.where(batch.is_greedy, greedy_tokens, drawn)
+
+    def process_logits(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """Logits after blocking, penalties, temperature, top-k, top-p, min-p.
+
+        Returns a new ``[B, V]`` float32 tensor: the draw is ``softmax(result)``
+        on random rows; greedy rows (left unwarped) take its argmax.
+        """
+        logits = logits.float()
+        out, is_copy = self._block_and_penalise(logits, batch)
+        out = self._warp(out, batch, is_copy)
+        return out.clone() if out is logits else out
 
     @staticmethod
-    def _request_generator(request: Request) -> torch.Generator:
-        gen = request.extra.get("generator")
+    def _block_and_penalise(logits: torch.Tensor, batch: SamplingBatch
+                            ) -> tuple[torch.Tensor, bool]:
+        """(logits after min_tokens blocking and penalties, whether that is a copy)."""
+        if batch.blocked is None and not batch.has_penalties:
+            return logits, False
+        out = logits.clone()
+        if batch.blocked is not None:
+            out[batch.blocked] = NEG_INF
+        if batch.has_penalties:
+            apply_penalties_(out, batch.seen_mask, batch.repetition_penalty,
+                             batch.output_counts, batch.presence_penalty,
+                             batch.frequency_penalty)
+        return out, True
+
+    @staticmethod
+    def _warp(logits: torch.Tensor, batch: SamplingBatch, is_copy: bool) -> torch.Tensor:
+        """Temperature, top-k, top-p, min-p; never writes into a tensor it does not own."""
+        if batch.all_greedy:
+            return logits if is_copy else logits.clone()
+        if batch.temperature is not None:
+            if is_copy:
+                apply_temperature_(logits, batch.temperature)
+            else:
+                logits = logits / batch.temperature[:, None]
+        return apply_top_k_top_p_min_p(logits, batch.top_k, batch.top_p, batch.min_p)
+
+    def _draw(self, probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """Exponential race over ``probs [B, V]``; greedy rows' picks are discarded."""
+        device = probs.device
+        noise = torch.empty_like(probs)
+        if batch.has_unseeded:
+            noise.exponential_(generator=self._shared_generator(device))
+        if batch.seeded_rows:
+            gen = self._row_generator(device)
+            row_noise = torch.empty(probs.shape[1], dtype=probs.dtype, device=device)
+            for row, seed in batch.seeded_rows:
+                gen.manual_seed(seed)
+                noise[row] = row_noise.exponential_(generator=gen)
+        # NOTE: exponential_ may return exactly 0 on some backends; p / 0 would win wrongly.
+        noise.clamp_min_(torch.finfo(noise.dtype).tiny)
+        return probs.div_(noise).argmax(dim=-1)
+
+    def _shared_generator(self, device: torch.device) -> torch.Generator:
+        gen = self._shared.get(device)
         if gen is None:
-            gen = torch.Generator()
-            gen.manual_seed(int(request.params.seed))
-            request.extra["generator"] = gen
+            gen = torch.Generator(device=device)
+            gen.manual_seed(self.seed)
+            self._shared[device] = gen
         return gen
 
-    def sample(self, logits: torch.Tensor, requests: Sequence[Request]
-               ) -> tuple[list[int], list[dict[int, Logprob]] | None]:
-        """Token ids (and logprobs where requested) for ``logits [rows, vocab]`` float32."""
-        params = [r.params for r in requests]
-        want_logprobs = [p.logprobs for p in params]
-        any_logprobs = any(n is not None for n in want_logprobs)
-        raw_logprobs = torch.log_softmax(logits, dim=-1) if any_logprobs else None
-        blocked = [
-            i for i, r in enumerate(requests)
-            if len(r.output_token_ids) < r.params.min_tokens and r.eos_token_ids
-        ]
-        special = blocked or any(p.has_penalties for p in params)
-        if not special and all(p.greedy for p in params):
-            tokens = logits.argmax(dim=-1).tolist()
-        else:
-            tokens = self._sample_general(logits.clone(), requests, blocked)
-        if not any_logprobs:
-            return tokens, None
-        rows = [i for i, n in enumerate(want_logprobs) if n is not None]
-        picked = top_logprobs(raw_logprobs[rows], [tokens[i] for i in rows],
-                              [want_logprobs[i] for i in rows], self.tokenizer)
-        result: list[dict[int, Logprob]] = [{} for _ in requests]
-        for i, entry in zip(rows, picked, strict=True):
-            result[i] = entry
-        return tokens, result
+    def _row_generator(self, device: torch.device) -> torch.Generator:
+        gen = self._per_row.get(device)
+        if gen is None:
+            gen = self._per_row[device] = torch.Generator(device=device)
+        return gen
 
-    def _sample_general(self, logits: torch.Tensor, requests: Sequence[Request],
-                        blocked: list[int]) -> list[int]:
-        for i in blocked:
-            logits[i, list(requests[i].eos_token_ids)] = NEG_INF
-        for i, r in enumerate(requests):
-            p = r.params
-            if p.has_penalties:
-                apply_penalties(logits[i], r.prompt_token_ids, r.output_token_ids,
-                                p.repetition_penalty, p.presence_penalty, p.frequency_penalty)
-        greedy = [r.params.greedy for r in requests]
-        tokens = logits.argmax(dim=-1).tolist()
-        rows = [i for i, g in enumerate(greedy) if not g]
+    # ---- logprobs -------------------------------------------------------------
+    def compute_logprobs(
+        self, logits: torch.Tensor, token_ids: torch.Tensor, num_logprobs: Sequence[int | None]
+    ) -> list[dict[int, Logprob] | None]:
+        """Raw logprobs of ``token_ids [B]`` under ``logits [B, V]`` plus each row's top-N."""
+        rows = [i for i, n in enumerate(num_logprobs) if n is not None]
+        result: list[dict[int, Logprob] | None] = [None] * len(num_logprobs)
         if not rows:
-            return tokens
-        sub = logits[rows]
-        ps = [requests[i].params for i in rows]
-        temps = torch.tensor([p.temperature for p in ps], dtype=sub.dtype)
-        sub = sub / temps[:, None]
-        top_k = torch.tensor([p.top_k for p in ps], dtype=torch.long)
-        top_p = torch.tensor([p.top_p for p in ps], dtype=sub.dtype)
-        min_p = torch.tensor([p.min_p for p in ps], dtype=sub.dtype)
-        if bool((top_k > 0).any() or (top_p < 1).any() or (min_p > 0).any()):
-            sub = apply_top_k_top_p_min_p(sub, top_k, top_p, min_p)
-        probs = sub.softmax(dim=-1)
-        noise = torch.empty_like(probs)
-        seeded = [j for j, i in enumerate(rows) if requests[i].params.seed is not None]
-        if len(seeded) < len(rows):
-            noise.exponential_(generator=self.generator)
-        for j in seeded:
-            noise[j].exponential_(generator=self._request_generator(requests[rows[j]]))
-        drawn = (probs / noise).argmax(dim=-1).tolist()
-        for j, i in enumerate(rows):
-            tokens[i] = drawn[j]
-        return tokens
+            return result
+        index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
+        # lp: [R, V] log-softmax of the unprocessed logits.
+        lp = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
+        dicts = logprobs_to_dicts(lp, token_ids.index_select(0, index),
+                                  [num_logprobs[i] for i in rows], self.decoder)
+        for i, entry in zip(rows, dicts, strict=True):
+            result[i] = entry
+        return result
+
+    # ---- compatibility --------------------------------------------------------
+    def sample(self, logits: torch.Tensor, requests: Sequence[Any]
+               ) -> tuple[list[int], list[dict[int, Logprob] | None] | None]:
+        """Older entry point: build the batch from engine ``Request`` objects.
+
+        Reads ``params``, ``prompt_token_ids``, ``output_token_ids`` and
+        ``eos_token_ids`` of each request.
+
+        Returns:
+            (token ids, per-row logprob dicts or None).
+        """
+        batch = SamplingBatch.from_rows(
+            [r.params for r in requests],
+            [r.output_token_ids for r in requests],
+            vocab_size=logits.shape[1],
+            device=logits.device,
+            prompt_token_ids=[r.prompt_token_ids for r in requests],
+            eos_token_ids=[r.eos_token_ids for r in requests],
+        )
+        out = self.forward(logits, batch)
+        return out.sampled_token_ids.tolist(), out.logprobs

@@ -1,0 +1,241 @@
+"""Per-step sampling inputs, gathered once from the rows' params and histories.
+
+``SamplingBatch.from_rows`` reads the params first and builds only the tensors
+some row needs: a batch of plain greedy rows costs one pass over the params
+and no tensors at all, and histories are read only when a row has penalties.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from inference_engine.sampling_params import GREEDY_EPS, SamplingParams
+
+__all__ = ["SamplingBatch", "derive_seed"]
+
+_MASK64 = (1 << 64) - 1
+
+
+def derive_seed(seed: int, num_sampled: int) -> int:
+    """The generator seed for a seeded request's draw number ``num_sampled``.
+
+    A splitmix64 mix, so nearby seeds and steps give unrelated streams; the
+    draw depends on nothing but these two numbers.
+    """
+    x = (seed * 0x9E3779B97F4A7C15 + num_sampled * 0xD1B54A32D192ED03 + 1) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (x ^ (x >> 31)) & ((1 << 63) - 1)
+
+
+@dataclass(slots=True)
+class SamplingBatch:
+    """What the sampler needs for one step, one row per sequence that samples.
+
+    Tensor fields are None when no row uses them; ``[B]`` tensors hold the
+    "off" value on rows that do not (top_k 0, top_p 1, min_p 0, penalties
+    neutral, temperature 1 on greedy rows). Build it with :meth:`from_rows`.
+    """
+
+    num_rows: int
+    vocab_size: int
+    # Every row greedy, no penalties, nothing blocked, no logprobs: sampling is argmax.
+    is_plain_greedy: bool
+    # Every row greedy (penalties and blocking may still apply).
+    all_greedy: bool
+    # [B] bool, True on greedy rows; None when all rows or no rows are greedy.
+    is_greedy: torch.Tensor | None = None
+    # [B] float32; None when every random row has temperature 1 (or all greedy).
+    temperature: torch.Tensor | None = None
+    # [B] int64, 0 = off.
+    top_k: torch.Tensor | None = None
+    # [B] float32, 1 = off.
+    top_p: torch.Tensor | None = None
+    # [B] float32, 0 = off.
+    min_p: torch.Tensor | None = None
+    # [B] float32 and [B, V] bool of tokens in prompt + output (transformers' rule).
+    repetition_penalty: torch.Tensor | None = None
+    seen_mask: torch.Tensor | None = None
+    # [B] float32 each and [B, V] float32 occurrence counts in the output (OpenAI's rule).
+    presence_penalty: torch.Tensor | None = None
+    frequency_penalty: torch.Tensor | None = None
+    output_counts: torch.Tensor | None = None
+    # (rows [N], token ids [N]) int64 set to -inf: stop ids of rows still under min_tokens.
+    blocked: tuple[torch.Tensor, torch.Tensor] | None = None
+    # (row, generator seed) of each seeded random row; see derive_seed.
+    seeded_rows: tuple[tuple[int, int], ...] = ()
+    # True when some random row has no seed and draws from the shared generator.
+    has_unseeded: bool = False
+    # Per row: top-N logprobs wanted, or None; None overall when no row wants them.
+    num_logprobs: tuple[int | None, ...] | None = None
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.seen_mask is not None or self.output_counts is not None
+
+    @classmethod
+    def from_rows(
+        cls,
+        params: Sequence[SamplingParams],
+        output_token_ids: Sequence[Sequence[int]],
+        vocab_size: int,
+        device: torch.device | str = "cpu",
+        prompt_token_ids: Sequence[Sequence[int] | torch.Tensor] | None = None,
+        eos_token_ids: Sequence[Collection[int]] | None = None,
+    ) -> SamplingBatch:
+        """Gather one step's sampling inputs.
+
+        Args:
+            params: per row, the sequence's params (a forked child's, for n > 1).
+            output_token_ids: per row, the tokens generated so far; its length
+                is the seeded draw number and the min_tokens count.
+            vocab_size: width of the logits the batch will be applied to.
+            device: where the logits live.
+            prompt_token_ids: per row, the prompt (a list or a 1-D int64 tensor,
+                which the caller may cache per request); read only for rows with
+                a repetition penalty, required if any row has one.
+            eos_token_ids: per row, the ids that would end the sequence (EOS
+                unless ignore_eos, plus stop_token_ids); masked out while the row
+                has fewer than ``min_tokens`` outputs. None: ``stop_token_ids``.
+
+        Returns:
+            The batch.
+        """
+        num_rows = len(params)
+        greedy = [p.temperature < GREEDY_EPS for p in params]
+        all_greedy = all(greedy)
+        rep_rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
+        pf_rows = [
+            i for i, p in enumerate(params)
+            if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+        ]
+        blocked_rows = [
+            i for i, p in enumerate(params)
+            if p.min_tokens and len(output_token_ids[i]) < p.min_tokens
+        ]
+        has_logprobs = any(p.logprobs is not None for p in params)
+        if all_greedy and not (rep_rows or pf_rows or blocked_rows or has_logprobs):
+            return cls(num_rows, vocab_size, is_plain_greedy=True, all_greedy=True)
+
+        batch = cls(num_rows, vocab_size, is_plain_greedy=False, all_greedy=all_greedy)
+        if has_logprobs:
+            batch.num_logprobs = tuple(p.logprobs for p in params)
+        if blocked_rows:
+            batch.blocked = _blocked(blocked_rows, params, eos_token_ids, vocab_size, device)
+        if rep_rows:
+            if prompt_token_ids is None:
+                raise ValueError("prompt_token_ids are needed for a repetition penalty")
+            batch.repetition_penalty = _per_row(
+                params, "repetition_penalty", 1.0, rep_rows, device)
+            batch.seen_mask = _seen_mask(
+                rep_rows, prompt_token_ids, output_token_ids, num_rows, vocab_size, device)
+        if pf_rows:
+            if any(params[i].presence_penalty != 0.0 for i in pf_rows):
+                batch.presence_penalty = _per_row(
+                    params, "presence_penalty", 0.0, pf_rows, device)
+            if any(params[i].frequency_penalty != 0.0 for i in pf_rows):
+                batch.frequency_penalty = _per_row(
+                    params, "frequency_penalty", 0.0, pf_rows, device)
+            batch.output_counts = _counts(pf_rows, output_token_ids, num_rows, vocab_size, device)
+        if all_greedy:
+            return batch
+
+        random_rows = [i for i, g in enumerate(greedy) if not g]
+        if len(random_rows) < num_rows:
+            batch.is_greedy = torch.tensor(greedy, dtype=torch.bool).to(device)
+        if any(params[i].temperature != 1.0 for i in random_rows):
+            batch.temperature = _per_row(params, "temperature", 1.0, random_rows, device)
+        if any(0 < params[i].top_k < vocab_size for i in random_rows):
+            batch.top_k = _per_row(params, "top_k", 0, random_rows, device, torch.int64)
+        if any(params[i].top_p < 1.0 for i in random_rows):
+            batch.top_p = _per_row(params, "top_p", 1.0, random_rows, device)
+        if any(params[i].min_p > 0.0 for i in random_rows):
+            batch.min_p = _per_row(params, "min_p", 0.0, random_rows, device)
+        batch.seeded_rows = tuple(
+            (i, derive_seed(params[i].seed, len(output_token_ids[i])))
+            for i in random_rows if params[i].seed is not None
+        )
+        batch.has_unseeded = len(batch.seeded_rows) < len(random_rows)
+        return batch
+
+
+def _per_row(
+    params: Sequence[SamplingParams],
+    name: str,
+    off: float,
+    rows: Sequence[int],
+    device: torch.device | str,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """``[B]`` of ``params[i].name`` on ``rows`` and ``off`` elsewhere."""
+    values = [off] * len(params)
+    for i in rows:
+        values[i] = getattr(params[i], name)
+    return torch.tensor(values, dtype=dtype).to(device)
+
+
+def _scatter_index(
+    rows: Sequence[int], ids_per_row: Sequence[Sequence[int] | torch.Tensor], vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat (row, token id) int64 CPU index of the rows' ids; ids >= vocab map to vocab."""
+    lengths = torch.tensor([len(ids) for ids in ids_per_row], dtype=torch.int64)
+    if ids_per_row and all(isinstance(ids, torch.Tensor) for ids in ids_per_row):
+        cols = torch.cat([ids.reshape(-1).to("cpu", torch.int64) for ids in ids_per_row])
+    else:
+        flat = itertools.chain.from_iterable(
+            ids.tolist() if isinstance(ids, torch.Tensor) else ids for ids in ids_per_row
+        )
+        cols = torch.tensor(list(flat), dtype=torch.int64)
+    row_index = torch.repeat_interleave(torch.tensor(list(rows), dtype=torch.int64), lengths)
+    return row_index, cols.clamp_(0, vocab_size)
+
+
+def _seen_mask(
+    rows: Sequence[int],
+    prompt_token_ids: Sequence[Sequence[int] | torch.Tensor],
+    output_token_ids: Sequence[Sequence[int]],
+    num_rows: int,
+    vocab_size: int,
+    device: torch.device | str,
+) -> torch.Tensor:
+    r_p, c_p = _scatter_index(rows, [prompt_token_ids[i] for i in rows], vocab_size)
+    r_o, c_o = _scatter_index(rows, [output_token_ids[i] for i in rows], vocab_size)
+    # One spare column absorbs out-of-vocabulary ids.
+    mask = torch.zeros(num_rows, vocab_size + 1, dtype=torch.bool, device=device)
+    mask[torch.cat([r_p, r_o]).to(device), torch.cat([c_p, c_o]).to(device)] = True
+    return mask[:, :vocab_size]
+
+
+def _counts(
+    rows: Sequence[int],
+    output_token_ids: Sequence[Sequence[int]],
+    num_rows: int,
+    vocab_size: int,
+    device: torch.device | str,
+) -> torch.Tensor:
+    r, c = _scatter_index(rows, [output_token_ids[i] for i in rows], vocab_size)
+    counts = torch.zeros(num_rows, vocab_size + 1, dtype=torch.float32, device=device)
+    counts.index_put_((r.to(device), c.to(device)),
+                      torch.ones(r.numel(), dtype=torch.float32, device=device), accumulate=True)
+    return counts[:, :vocab_size]
+
+
+def _blocked(
+    rows: Sequence[int],
+    params: Sequence[SamplingParams],
+    eos_token_ids: Sequence[Collection[int]] | None,
+    vocab_size: int,
+    device: torch.device | str,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    pairs = []
+    for i in rows:
+        ids = eos_token_ids[i] if eos_token_ids is not None else params[i].stop_token_ids or ()
+        pairs.extend((i, t) for t in ids if 0 <= t < vocab_size)
+    if not pairs:
+        return None
+    index = torch.tensor(pairs, dtype=torch.int64).to(device)
+    return index[:, 0], index[:, 1]
