@@ -10,6 +10,8 @@ import pytest
 import torch
 import transformers
 
+SMALL_KV = 1 << 24  # 16 MiB: plenty for these tests, quick to allocate
+
 from inference_engine import LLM, SamplingParams
 
 NEW_TOKENS = 32
@@ -76,7 +78,7 @@ ENGINE_SETUPS = {
 @pytest.mark.parametrize("setup", list(ENGINE_SETUPS))
 def test_greedy_parity_qwen3(setup, tiny_model_dirs, tiny_tokenizer, references):
     llm = LLM(str(tiny_model_dirs["qwen3"]), dtype="float32", show_progress=False,
-              **ENGINE_SETUPS[setup])
+              **{"kv_cache_memory": SMALL_KV, **ENGINE_SETUPS[setup]})
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     # Run twice: the second pass hits the prefix cache where it is on.
     for _ in range(2):
@@ -95,7 +97,7 @@ def test_greedy_parity_qwen3(setup, tiny_model_dirs, tiny_tokenizer, references)
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_greedy_parity_other_archs(arch, tiny_model_dirs, references):
-    llm = LLM(str(tiny_model_dirs[arch]), dtype="float32", show_progress=False, block_size=4,
+    llm = LLM(str(tiny_model_dirs[arch]), dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV, block_size=4,
               max_num_batched_tokens=12)
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS,
                                                 ignore_eos=True))
@@ -107,7 +109,7 @@ def test_greedy_parity_other_archs(arch, tiny_model_dirs, references):
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_prompt_logprobs_match_reference(arch, tiny_model_dirs, tiny_tokenizer, references):
     """prompt_logprobs are log-softmax of the model's logits: compare to transformers."""
-    llm = LLM(str(tiny_model_dirs[arch]), dtype="float32", show_progress=False, block_size=4,
+    llm = LLM(str(tiny_model_dirs[arch]), dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV, block_size=4,
               max_num_batched_tokens=8)
     prompt = PROMPTS[1]
     ids = references[arch][2].encode(prompt)
@@ -126,3 +128,24 @@ def test_prompt_logprobs_match_reference(arch, tiny_model_dirs, tiny_tokenizer, 
     got = out.outputs[0].logprobs[0]
     for token, value in zip(top.indices.tolist(), top.values.tolist(), strict=True):
         assert abs(got[token].logprob - value) < 1e-4
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("backend", ["paged", "torch_sdpa"])
+def test_last_position_logits_match_reference(arch, backend, tiny_model_dirs, references):
+    """Raw float32 logits of one mixed prefill batch against transformers, 1e-4 max abs."""
+    llm = LLM(str(tiny_model_dirs[arch]), dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV, block_size=4,
+              attention_backend=backend)
+    engine = llm.engine
+    model, _, tokenizer = references[arch]
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(prompt, SamplingParams(max_tokens=1), request_id=f"p{i}")
+    step = engine.scheduler.schedule()
+    blocks = [engine.blocks.req_blocks[s.request.request_id] for s in step.scheduled]
+    logits = engine.runner.execute(step, blocks)
+    for row, index in enumerate(logits.sample_rows):
+        ids = step.scheduled[index].request.prompt_token_ids
+        with torch.no_grad():
+            ref = model(torch.tensor([ids])).logits[0, -1].float()
+        assert (logits.sample_logits[row] - ref).abs().max() < 1e-4
+    engine.abort_request([f"p{i}" for i in range(len(PROMPTS))])

@@ -184,9 +184,14 @@ def test_min_tokens_blocks_stop_ids_until_reached():
     assert Sampler()(logits, done).sampled_token_ids.tolist() == [0, 2]
 
 
-def test_seeded_row_ignores_batch_composition_and_position():
-    target = SamplingParams(temperature=0.9, top_p=0.95, seed=1234)
-    others = [SamplingParams(), SamplingParams(temperature=0.0), SamplingParams(seed=99, top_k=4),
+@pytest.mark.parametrize("target", [
+    SamplingParams(temperature=0.9, top_p=0.95, seed=1234),
+    # Neighbours' top-p/top-k/min-p/penalties switch code paths this row does not use.
+    SamplingParams(seed=77),
+])
+def test_seeded_row_ignores_batch_composition_and_position(target):
+    others = [SamplingParams(top_p=0.5, repetition_penalty=1.3), SamplingParams(temperature=0.0),
+              SamplingParams(seed=99, top_k=4, presence_penalty=0.5),
               SamplingParams(temperature=1.5, min_p=0.05)]
     gen = torch.Generator().manual_seed(0)
     history: list[int] = []

@@ -28,7 +28,7 @@ PromptInput = str | dict[str, Any] | list[int]
 
 # Default KV pool: this share of free memory, capped.
 DEFAULT_KV_FRACTION = 0.25
-DEFAULT_KV_CAP = 16 << 30
+DEFAULT_KV_CAP = 4 << 30
 
 
 @dataclass

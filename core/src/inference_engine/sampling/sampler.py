@@ -135,9 +135,11 @@ class Sampler:
     def _draw(self, probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """Exponential race over ``probs [B, V]``; greedy rows' picks are discarded."""
         device = probs.device
-        noise = torch.empty_like(probs)
         if batch.has_unseeded:
-            noise.exponential_(generator=self._shared_generator(device))
+            noise = torch.empty_like(probs).exponential_(generator=self._shared_generator(device))
+        else:
+            # Seeded rows are overwritten below; greedy rows just need finite values.
+            noise = torch.ones_like(probs)
         if batch.seeded_rows:
             gen = self._row_generator(device)
             row_noise = torch.empty(probs.shape[1], dtype=probs.dtype, device=device)
