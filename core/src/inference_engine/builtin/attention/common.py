@@ -6,7 +6,27 @@ import torch
 
 from inference_engine.interfaces.attention import AttentionMetadata
 
-__all__ = ["causal_mask", "gather_context", "write_kv"]
+__all__ = ["causal_mask", "gather_blocks", "gather_context", "write_kv"]
+
+# Reused gather targets: a fresh multi-MB tensor per layer per step costs more in
+# page faults than the copy itself (measured 17 ms vs 4 ms for 42 MB).
+_SCRATCH: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def gather_blocks(cache: torch.Tensor, flat_blocks: torch.Tensor, slot: str) -> torch.Tensor:
+    """``cache[flat_blocks]`` into a persistent buffer named ``slot`` (valid until the next call)."""
+    shape = (flat_blocks.numel(), *cache.shape[1:])
+    numel = 1
+    for n in shape:
+        numel *= n
+    key = (slot, cache.dtype, cache.device)
+    buf = _SCRATCH.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = torch.empty(max(numel, int(numel * 1.25)), dtype=cache.dtype, device=cache.device)
+        _SCRATCH[key] = buf
+    out = buf[:numel].view(shape)
+    torch.index_select(cache, 0, flat_blocks, out=out)
+    return out
 
 
 def write_kv(

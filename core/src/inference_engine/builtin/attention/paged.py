@@ -11,7 +11,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from inference_engine.builtin.attention.common import causal_mask, gather_context, write_kv
+from inference_engine.builtin.attention.common import (
+    causal_mask,
+    gather_blocks,
+    gather_context,
+    write_kv,
+)
 from inference_engine.interfaces.attention import AttentionBackend, AttentionMetadata
 
 __all__ = ["PagedAttentionBackend"]
@@ -82,8 +87,8 @@ class PagedAttentionBackend(AttentionBackend):
         table = metadata.block_tables[:n, :num_blocks]
         padded = num_blocks * bs
         flat = table.reshape(-1)
-        k = k_cache.index_select(0, flat).view(n, padded, self.num_kv_heads, self.head_dim)
-        v = v_cache.index_select(0, flat).view(n, padded, self.num_kv_heads, self.head_dim)
+        k = gather_blocks(k_cache, flat, "k").view(n, padded, self.num_kv_heads, self.head_dim)
+        v = gather_blocks(v_cache, flat, "v").view(n, padded, self.num_kv_heads, self.head_dim)
         q = query.unsqueeze(2)  # [n, heads, 1, head_dim]
         mask = None
         if n == 1 and self.sliding_window is None:
