@@ -91,6 +91,10 @@ class LLMEngine:
             free, _total = self.platform.memory_info()
             memory = min(int(free * DEFAULT_KV_FRACTION), DEFAULT_KV_CAP) if free else 1 << 30
         num_blocks = memory // bytes_per_block
+        if self.config.cache.kv_cache_memory is None:
+            # No point zero-filling more than every sequence at full length could use.
+            per_seq = -(-self.max_model_len // self.config.cache.block_size)
+            num_blocks = min(num_blocks, self.config.scheduler.max_num_seqs * per_seq + 1)
         if num_blocks < 2:
             raise ValueError(
                 f"kv_cache_memory={memory} bytes holds {num_blocks} blocks of {bytes_per_block} "
