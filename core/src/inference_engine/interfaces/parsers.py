@@ -12,7 +12,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ParsedDelta", "ReasoningParser", "ToolCallDelta", "ToolParser"]
+__all__ = ["CallOpener", "ParsedDelta", "ReasoningParser", "ToolCallDelta", "ToolParser"]
+
+
+@dataclass(frozen=True, slots=True)
+class CallOpener:
+    """Where a tool parser's call starts, so reasoning can end implicitly there.
+
+    The opener is ``marker``, then optional whitespace, then ``follow``
+    (``"<tool_call>"`` then ``"{"`` for hermes JSON). An empty ``follow``
+    means the bare marker is enough.
+    """
+
+    # Literal text that starts a call block.
+    marker: str
+    # Text that must come after the marker (and optional whitespace); "" for none.
+    follow: str = ""
 
 
 @dataclass(slots=True)
@@ -44,6 +59,19 @@ class ReasoningParser(ABC):
         self.tokenizer = tokenizer
         self.enable_thinking = enable_thinking
 
+    def set_call_openers(self, openers: Sequence[CallOpener]) -> None:
+        """Tell the parser where the paired tool parser's calls start.
+
+        Called by the pipeline before the first :meth:`feed`. A parser that
+        supports an *implicit end* of reasoning ends it just before such an
+        opener, so a call written inside reasoning is parsed as a call. The
+        default only records the openers.
+
+        Args:
+            openers: the tool parser's :attr:`ToolParser.call_openers`.
+        """
+        self.call_openers = tuple(openers)
+
     @abstractmethod
     def feed(self, text: str, token_ids: Sequence[int] = ()) -> ParsedDelta:
         """Consume one text delta; return the reasoning/content now certain."""
@@ -63,6 +91,10 @@ class ReasoningParser(ABC):
 class ToolParser(ABC):
     """Extracts tool calls from content in a stream."""
 
+    # Openers that end reasoning implicitly when they appear inside it (see
+    # :meth:`ReasoningParser.set_call_openers`); empty for none.
+    call_openers: tuple[CallOpener, ...] = ()
+
     def __init__(self, tokenizer: Any = None, tools: list[dict[str, Any]] | None = None,
                  mode: str = "incremental") -> None:
         self.tokenizer = tokenizer
@@ -76,3 +108,9 @@ class ToolParser(ABC):
     @abstractmethod
     def finish(self) -> ParsedDelta:
         """End of stream: flush held text; unfinished calls become content."""
+
+    def parse(self, text: str) -> tuple[str | None, list[ToolCallDelta]]:
+        """Non-streaming: (content or None, the deltas of every call)."""
+        first, last = self.feed(text), self.finish()
+        content = (first.content + last.content).strip()
+        return (content or None, first.tool_calls + last.tool_calls)

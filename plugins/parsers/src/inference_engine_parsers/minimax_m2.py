@@ -1,0 +1,109 @@
+"""minimax_m2: ``<minimax:tool_call>`` wrappers of ``<invoke>`` calls (MiniMax-M2/M2.1/M2.5).
+
+    <minimax:tool_call>
+    <invoke name="get_weather">
+    <parameter name="city">Oslo</parameter>
+    </invoke>
+    </minimax:tool_call>
+
+Names may be double-quoted, single-quoted or bare. Each invoke is one call
+and counts once ``</invoke>`` is seen, so an unclosed wrapper whose invokes are
+complete still yields them. Values are typed as ``_values.minimax_value`` says.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from inference_engine.interfaces.parsers import CallOpener
+from inference_engine.parsing import (
+    MarkerSet,
+    Reader,
+    Step,
+    StreamingToolParser,
+    match,
+    match_any,
+    peek,
+    read_until_char,
+    skip_ws,
+    until,
+)
+from inference_engine_parsers._values import minimax_value
+
+__all__ = ["MiniMaxM2ToolParser"]
+
+_QUOTED_STOP = {'"': re.compile(r'["<>\n]'), "'": re.compile(r"['<>\n]")}
+_BARE_STOP = re.compile(r"""[\s<>"']""")
+_VALUE_END = MarkerSet(["</parameter>"])
+
+
+def _name_attribute(r: Reader) -> Step:
+    """`` name="X">`` after ``<invoke``/``<parameter``; the name, or None if malformed."""
+    c = yield from peek(r)
+    if c is None or not c.isspace():
+        return None
+    yield from skip_ws(r)
+    if not (yield from match(r, "name=")):
+        return None
+    quote = yield from peek(r)
+    if quote in _QUOTED_STOP:
+        r.i += 1
+        name = yield from read_until_char(r, _QUOTED_STOP[quote])
+        if (yield from peek(r)) != quote:
+            return None
+        r.i += 1
+        name = name.strip()
+    else:
+        name = yield from read_until_char(r, _BARE_STOP)
+    yield from skip_ws(r)
+    if not name or (yield from peek(r)) != ">":
+        return None
+    r.i += 1
+    return name
+
+
+class MiniMaxM2ToolParser(StreamingToolParser):
+    """``<minimax:tool_call><invoke name=F><parameter name=P>V</parameter></invoke>…``."""
+
+    openers = ("<minimax:tool_call>",)
+    call_openers = (CallOpener("<minimax:tool_call>"),)
+
+    def parse_block(self, r: Reader, opener: str) -> Step:
+        while True:
+            yield from skip_ws(r)
+            tag = yield from match_any(r, ("<invoke", "</minimax:tool_call>"))
+            if tag is None:
+                return None
+            if tag == "</minimax:tool_call>":
+                self.commit()
+                return None
+            name = yield from _name_attribute(r)
+            if name is None:
+                return None
+            if not (yield from self._invoke_body(r, name)):
+                return None
+            self.commit()
+
+    def _invoke_body(self, r: Reader, name: str) -> Step:
+        """Parameters up to ``</invoke>``; True when it closed."""
+        self.begin_call(name)
+        self.call_args("{")
+        separator = ""
+        while True:
+            yield from skip_ws(r)
+            tag = yield from match_any(r, ("<parameter", "</invoke>"))
+            if tag is None:
+                return False
+            if tag == "</invoke>":
+                self.call_args("}")
+                return True
+            param = yield from _name_attribute(r)
+            if param is None:
+                return False
+            self.call_args(separator + json.dumps(param, ensure_ascii=False) + ": ")
+            separator = ", "
+            value = minimax_value(self.call_args, self.param_schema(name, param))
+            if (yield from until(r, _VALUE_END, value.feed)) is None:
+                return False
+            value.finish()
