@@ -1,5 +1,7 @@
-"""The distribution is discovered through its entry point and loads cleanly."""
+"""The distribution is discovered through its entry point and registers its architectures."""
 
+import pytest
+from inference_engine.interfaces.model import CausalLM
 from inference_engine.plugins import load_plugins
 
 
@@ -8,3 +10,9 @@ def test_plugin_loads_through_entry_point():
     assert "models" in infos, sorted(infos)
     assert infos["models"].distribution == "inference-engine-models"
     assert infos["models"].status == "ok", infos["models"].error
+
+
+@pytest.mark.parametrize("arch", ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"])
+def test_architecture_resolves_to_a_causal_lm(arch):
+    cls = load_plugins().registry.resolve("models", arch)
+    assert issubclass(cls, CausalLM) and cls.__name__ == arch

@@ -1,4 +1,9 @@
-"""The attention layer: owns its KV cache views and delegates to the selected backend."""
+"""The attention layer: one per decoder layer, owning that layer's KV cache views.
+
+The model runner finds every :class:`Attention` in ``model.modules()`` order,
+sizes the paged pool from their :meth:`Attention.kv_cache_spec`, and binds
+each layer's ``(k_cache, v_cache)`` views to :attr:`Attention.kv_cache`.
+"""
 
 from __future__ import annotations
 
@@ -12,26 +17,71 @@ __all__ = ["Attention"]
 
 
 class Attention(nn.Module):
-    """Paged attention over this layer's cache; the runner binds ``kv_cache`` at start-up."""
+    """Paged causal attention through ``ctx.attention_backend``.
+
+    Args:
+        ctx: the model context (backend class, dtype).
+        num_heads: query heads.
+        head_dim: dims per head.
+        num_kv_heads: key/value heads (fewer than ``num_heads`` under GQA).
+        scale: softmax scale, usually ``head_dim ** -0.5``.
+        prefix: dotted module name, for messages.
+        sliding_window: attend only the last this-many positions, or None.
+    """
 
     def __init__(self, ctx: ModelContext, num_heads: int, head_dim: int, num_kv_heads: int,
                  scale: float, prefix: str, sliding_window: int | None = None) -> None:
         super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(
+                f"{prefix}: num_heads ({num_heads}) must be a multiple of num_kv_heads "
+                f"({num_kv_heads})"
+            )
         self.prefix = prefix
         self.num_heads = num_heads
-        self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
+        self.num_kv_heads = num_kv_heads
+        self.scale = scale
+        self.sliding_window = sliding_window
         self.dtype = ctx.dtype
-        self.backend = ctx.attention_backend(num_heads, head_dim, num_kv_heads, scale, sliding_window)
-        self.kv_cache: tuple[torch.Tensor, ...] | None = None
+        self.backend = ctx.attention_backend(num_heads, head_dim, num_kv_heads, scale,
+                                             sliding_window)
+        # (k_cache, v_cache), each [num_blocks, block_size, num_kv_heads, head_dim];
+        # bound by the runner once the pool exists.
+        self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def kv_cache_spec(self) -> KVCacheSpec:
+        """What this layer stores per token: K and V of ``num_kv_heads`` heads."""
         return KVCacheSpec(num_tensors=2, num_heads=self.num_kv_heads, head_dim=self.head_dim,
                            dtype=self.dtype)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 metadata: AttentionMetadata) -> torch.Tensor:
-        """``q [T, H, D]``, ``k/v [T, KV, D]`` -> ``[T, H*D]``."""
+        """Attend the step's tokens; returns ``[T, num_heads * head_dim]``.
+
+        Args:
+            q: ``[T, num_heads * head_dim]`` or ``[T, num_heads, head_dim]``.
+            k, v: ``[T, num_kv_heads * head_dim]`` or ``[T, num_kv_heads, head_dim]``;
+                views into a fused projection are fine (only the last dim must be dense).
+            metadata: the step's batch layout.
+
+        Raises:
+            RuntimeError: when no cache has been bound.
+        """
         if self.kv_cache is None:
-            raise RuntimeError(f"{self.prefix}: no KV cache bound; the runner allocates it")
-        return self.backend.forward(q, k, v, self.kv_cache, metadata)
+            raise RuntimeError(
+                f"{self.prefix}: no KV cache bound; the model runner sets Attention.kv_cache "
+                f"after allocating the pool"
+            )
+        t = q.shape[0]
+        return self.backend.forward(
+            q.view(t, self.num_heads, self.head_dim),
+            k.view(t, self.num_kv_heads, self.head_dim),
+            v.view(t, self.num_kv_heads, self.head_dim),
+            self.kv_cache,
+            metadata,
+        )
+
+    def extra_repr(self) -> str:
+        return (f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
+                f"sliding_window={self.sliding_window}, backend={type(self.backend).__name__}")

@@ -1,13 +1,18 @@
-"""The Llama-family decoder shared by dense model plugins.
+"""The Llama-family dense decoder that model plugins specialise.
 
-A model plugin subclasses :class:`DecoderForCausalLM` and sets the switches
-its architecture differs by (q/k norm, qkv bias); weights load by checkpoint
-name, with separate q/k/v and gate/up tensors mapped onto the fused layers.
+A plugin subclasses :class:`DecoderForCausalLM` and sets the few switches its
+architecture differs by (per-head q/k norm, q/k/v bias, o bias); everything
+else (fused q/k/v and gate/up matmuls, rotary scaling, sliding-window layers
+from ``config.layer_types``, tied embeddings, checkpoint name mapping) is here.
+The module tree mirrors transformers' names (``model.layers.N.self_attn...``)
+so checkpoint names map onto parameters directly, fused layers aside.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -16,188 +21,185 @@ from inference_engine.interfaces.attention import AttentionMetadata
 from inference_engine.interfaces.model import CausalLM, ModelContext
 from inference_engine.layers.attention import Attention
 from inference_engine.layers.embedding import LMHead, VocabEmbedding
-from inference_engine.layers.linear import QKVLinear, RowLinear
+from inference_engine.layers.linear import QKVParallelLinear, RowLinear
 from inference_engine.layers.mlp import GatedMLP
-from inference_engine.layers.norm import RMSNorm
-from inference_engine.layers.rotary import RotaryEmbedding, rope_parameters
+from inference_engine.layers.norm import RMSNorm, rms_normalize
+from inference_engine.layers.rotary import RotaryEmbedding, RotaryTable, rope_parameters
+from inference_engine.layers.weights import load_checkpoint_weights
 
-__all__ = ["DecoderForCausalLM", "DecoderLayer", "SelfAttention", "load_named_weights"]
-
-# Checkpoint projection name -> (fused module name, shard).
-FUSED_NAMES = {
-    "q_proj": ("qkv_proj", "q"),
-    "k_proj": ("qkv_proj", "k"),
-    "v_proj": ("qkv_proj", "v"),
-    "gate_proj": ("gate_up_proj", 0),
-    "up_proj": ("gate_up_proj", 1),
-}
+__all__ = ["DecoderAttention", "DecoderForCausalLM", "DecoderLayer", "DecoderModel",
+           "DecoderOptions", "head_dim_of"]
 
 
-class SelfAttention(nn.Module):
-    def __init__(self, ctx: ModelContext, prefix: str, qk_norm: bool, qkv_bias: bool,
-                 rotary: RotaryEmbedding) -> None:
+def head_dim_of(config: Any) -> int:
+    """``config.head_dim``, or ``hidden_size // num_attention_heads`` when unset."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderOptions:
+    """The per-architecture switches, resolved against one config."""
+
+    # Per-head RMSNorm on q and k before rotary (Qwen3).
+    qk_norm: bool
+    # Biases on the q/k/v projections, on o_proj, and on the MLP's projections.
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+
+    @classmethod
+    def resolve(cls, config: Any, qk_norm: bool, qkv_bias: bool | None,
+                o_bias: bool | None) -> DecoderOptions:
+        """None for a bias takes ``config.attention_bias``; MLP bias is ``config.mlp_bias``."""
+        attention_bias = bool(getattr(config, "attention_bias", False))
+        return cls(
+            qk_norm=qk_norm,
+            qkv_bias=attention_bias if qkv_bias is None else qkv_bias,
+            o_bias=attention_bias if o_bias is None else o_bias,
+            mlp_bias=bool(getattr(config, "mlp_bias", False)),
+        )
+
+
+class DecoderAttention(nn.Module):
+    """Self-attention: fused q/k/v, optional q/k norm, rotary, paged attention, o_proj."""
+
+    def __init__(self, ctx: ModelContext, prefix: str, layer_idx: int,
+                 opts: DecoderOptions) -> None:
         super().__init__()
         cfg = ctx.hf_config
-        hidden = cfg.hidden_size
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or hidden // self.num_heads
+        self.head_dim = head_dim_of(cfg)
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = QKVLinear(ctx, hidden, self.num_heads, self.num_kv_heads, self.head_dim,
-                                  f"{prefix}.qkv_proj", bias=qkv_bias)
-        self.o_proj = RowLinear(ctx, self.q_size, hidden, f"{prefix}.o_proj",
-                                bias=bool(getattr(cfg, "attention_bias", False)) and not qkv_bias)
-        eps = cfg.rms_norm_eps
-        self.q_norm = RMSNorm(self.head_dim, eps, ctx.dtype) if qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, eps, ctx.dtype) if qk_norm else None
-        self.rotary = rotary
+        self.qkv_proj = QKVParallelLinear(ctx, cfg.hidden_size, self.num_heads, self.num_kv_heads,
+                                          self.head_dim, f"{prefix}.qkv_proj", bias=opts.qkv_bias)
+        self.o_proj = RowLinear(ctx, self.q_size, cfg.hidden_size, f"{prefix}.o_proj",
+                                bias=opts.o_bias)
+        if opts.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, ctx.dtype)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, ctx.dtype)
+        else:
+            self.q_norm = self.k_norm = None
+        layer_types = getattr(cfg, "layer_types", None)
+        sliding = None
+        if layer_types is not None and layer_types[layer_idx] == "sliding_attention":
+            sliding = getattr(cfg, "sliding_window", None)
         self.attn = Attention(ctx, self.num_heads, self.head_dim, self.num_kv_heads,
-                              self.head_dim**-0.5, f"{prefix}.attn")
+                              self.head_dim**-0.5, f"{prefix}.attn", sliding_window=sliding)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor,
+    def forward(self, hidden: torch.Tensor, rope: RotaryTable,
                 metadata: AttentionMetadata) -> torch.Tensor:
-        t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
+        """``hidden [T, hidden]`` -> ``[T, hidden]``."""
+        t = hidden.shape[0]
+        qkv = self.qkv_proj(hidden)  # [T, q_size + 2 * kv_size]
+        qk_end = self.q_size + self.kv_size
+        h = self.num_heads
+        # q and k are adjacent columns: normalise and rotate all their heads in one pass.
+        qk = qkv[:, :qk_end].view(t, h + self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
-        out = self.attn(q, k, v.view(t, self.num_kv_heads, self.head_dim), metadata)
+            qk = rms_normalize(qk, self.q_norm.eps)
+            qk[:, :h].mul_(self.q_norm.weight)
+            qk[:, h:].mul_(self.k_norm.weight)
+        qk = rope.rotate(qk)
+        out = self.attn(qk[:, :h], qk[:, h:], qkv[:, qk_end:], metadata)  # [T, h * head_dim]
         return self.o_proj(out)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, ctx: ModelContext, prefix: str, qk_norm: bool, qkv_bias: bool,
-                 rotary: RotaryEmbedding) -> None:
+    """Pre-norm block: attention and MLP, each with a residual add fused into the next norm."""
+
+    def __init__(self, ctx: ModelContext, prefix: str, layer_idx: int,
+                 opts: DecoderOptions) -> None:
         super().__init__()
         cfg = ctx.hf_config
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ctx.dtype)
-        self.self_attn = SelfAttention(ctx, f"{prefix}.self_attn", qk_norm, qkv_bias, rotary)
+        self.self_attn = DecoderAttention(ctx, f"{prefix}.self_attn", layer_idx, opts)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ctx.dtype)
         self.mlp = GatedMLP(ctx, cfg.hidden_size, cfg.intermediate_size, f"{prefix}.mlp",
-                            getattr(cfg, "hidden_act", "silu"))
+                            getattr(cfg, "hidden_act", "silu"), bias=opts.mlp_bias)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
+    def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, rope: RotaryTable,
                 metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns ``(mlp output, residual stream)``; their sum is the layer's output."""
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, metadata)
+        hidden = self.self_attn(hidden, rope, metadata)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
 
-class _Backbone(nn.Module):
-    def __init__(self, ctx: ModelContext, qk_norm: bool, qkv_bias: bool) -> None:
+class DecoderModel(nn.Module):
+    """Embedding, decoder layers and final norm (the ``model.`` prefix of checkpoints)."""
+
+    def __init__(self, ctx: ModelContext, opts: DecoderOptions, prefix: str = "model") -> None:
         super().__init__()
         cfg = ctx.hf_config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        rotary = RotaryEmbedding(head_dim, cfg.max_position_embeddings, rope_parameters(cfg),
-                                 ctx.dtype)
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, ctx.dtype)
         self.layers = nn.ModuleList(
-            DecoderLayer(ctx, f"model.layers.{i}", qk_norm, qkv_bias, rotary)
-            for i in range(cfg.num_hidden_layers)
+            DecoderLayer(ctx, f"{prefix}.layers.{i}", i, opts) for i in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ctx.dtype)
+        # One table for all layers (they share the config's rope settings).
+        self.rotary_emb = RotaryEmbedding(head_dim_of(cfg), cfg.max_position_embeddings,
+                                          rope_parameters(cfg), ctx.dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                metadata: AttentionMetadata) -> torch.Tensor:
+        """``input_ids, positions [T]`` -> final-normed hidden states ``[T, hidden]``."""
+        hidden = self.embed_tokens(input_ids)
+        rope = self.rotary_emb.lookup(positions)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(hidden, residual, rope, metadata)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
 
 
 class DecoderForCausalLM(CausalLM):
-    """Llama-shaped decoder-only model; subclasses set the architecture switches."""
+    """Llama-shaped decoder-only model; subclasses set the architecture switches.
+
+    Build with ``cls(ctx)`` for a :class:`~inference_engine.interfaces.model.ModelContext`;
+    load with :meth:`load_weights`; the runner binds each
+    :class:`~inference_engine.layers.attention.Attention`'s ``kv_cache``.
+    """
 
     # Per-head RMSNorm on q and k before rotary (Qwen3).
     qk_norm: bool = False
-    # Bias on the q/k/v projections (Qwen2).
-    qkv_bias: bool = False
+    # Bias on the q/k/v projections; None reads config.attention_bias (Llama, Qwen3).
+    qkv_bias: bool | None = None
+    # Bias on o_proj; None reads config.attention_bias.
+    o_bias: bool | None = None
 
     def __init__(self, ctx: ModelContext) -> None:
         super().__init__(ctx)
         cfg = ctx.hf_config
-        self.model = _Backbone(ctx, self.qk_norm, self.qkv_bias)
+        opts = DecoderOptions.resolve(cfg, self.qk_norm, self.qkv_bias, self.o_bias)
+        self.model = DecoderModel(ctx, opts)
         tied = bool(getattr(cfg, "tie_word_embeddings", False))
         self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, ctx.dtype,
                               tied_to=self.model.embed_tokens if tied else None)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 metadata: AttentionMetadata) -> torch.Tensor:
-        hidden = self.model.embed_tokens(input_ids)
-        residual = None
-        for layer in self.model.layers:
-            hidden, residual = layer(positions, hidden, residual, metadata)
-        hidden, _ = self.model.norm(hidden, residual)
-        return hidden
+        return self.model(input_ids, positions, metadata)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        return load_named_weights(self, weights, skip_lm_head=self.lm_head.tied)
+        """Load by checkpoint name (``q_proj``... onto fused layers).
 
+        A tied model skips ``lm_head.weight`` if the checkpoint has one.
 
-def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
-                       skip_lm_head: bool = False) -> set[str]:
-    """Load checkpoint tensors onto ``model``'s (fused) parameters by name.
-
-    Raises:
-        ValueError: listing unexpected checkpoint tensors, parameters the
-            checkpoint did not provide, or a shape mismatch by name.
-    """
-    params = dict(model.named_parameters())
-    loaded: set[tuple[str, object]] = set()
-    consumed: set[str] = set()
-    unexpected: list[str] = []
-    for name, tensor in weights:
-        if name.endswith("rotary_emb.inv_freq") or (skip_lm_head and name == "lm_head.weight"):
-            consumed.add(name)
-            continue
-        target, shard = name, None
-        parts = name.split(".")
-        if len(parts) >= 2 and parts[-2] in FUSED_NAMES:
-            fused, shard = FUSED_NAMES[parts[-2]]
-            target = ".".join(parts[:-2] + [fused, parts[-1]])
-        param = params.get(target)
-        if param is None:
-            unexpected.append(name)
-            continue
-        loader = getattr(param, "weight_loader", None)
-        if loader is not None:
-            try:
-                loader(param, tensor, shard) if shard is not None else loader(param, tensor)
-            except ValueError as exc:
-                raise ValueError(f"checkpoint tensor {name}: {exc}") from exc
-        else:
-            if tuple(param.shape) != tuple(tensor.shape):
-                raise ValueError(
-                    f"shape mismatch for {name}: checkpoint has {tuple(tensor.shape)}, "
-                    f"the model expects {tuple(param.shape)}"
-                )
-            param.data.copy_(tensor)
-        loaded.add((target, shard))
-        consumed.add(name)
-    if unexpected:
-        raise ValueError(f"unexpected tensors in the checkpoint: {sorted(unexpected)}")
-    missing = []
-    modules = dict(model.named_modules())
-    for pname in params:
-        owner = modules.get(pname.rpartition(".")[0])
-        fused_shards = getattr(owner, "_shards", {})
-        shards = list(fused_shards) if len(fused_shards) > 1 else [None]
-        for shard in shards:
-            if (pname, shard) not in loaded:
-                missing.append(_checkpoint_name(pname, shard))
-    if missing:
-        raise ValueError(f"tensors missing from the checkpoint: {sorted(missing)}")
-    return consumed
-
-
-def _checkpoint_name(param_name: str, shard: object) -> str:
-    if shard is None:
-        return param_name
-    for ckpt, (fused, s) in FUSED_NAMES.items():
-        if s == shard and f".{fused}." in param_name:
-            return param_name.replace(f".{fused}.", f".{ckpt}.")
-    return param_name
+        Raises:
+            ValueError: listing unexpected tensors, shape mismatches and
+                missing tensors by checkpoint name.
+        """
+        tied = self.lm_head.is_tied
+        return load_checkpoint_weights(
+            self, weights, ignore=(lambda name: name == "lm_head.weight") if tied else None
+        )

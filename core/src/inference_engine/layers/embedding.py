@@ -10,26 +10,38 @@ __all__ = ["LMHead", "VocabEmbedding"]
 
 
 class VocabEmbedding(nn.Module):
-    def __init__(self, vocab_size: int, hidden: int, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(vocab_size, hidden, dtype=dtype), requires_grad=False)
+    """``weight [vocab, hidden]`` looked up by token id."""
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.weight)
+    def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype),
+                                   requires_grad=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``input_ids [T]`` -> ``[T, hidden]``."""
+        return F.embedding(input_ids, self.weight)
 
 
 class LMHead(nn.Module):
-    """Hidden states to float32 logits; shares the embedding matrix when tied."""
+    """Hidden states to float32 logits.
 
-    def __init__(self, vocab_size: int, hidden: int, dtype: torch.dtype,
+    Tied to an embedding, it holds that embedding's very parameter, so
+    ``named_parameters()`` lists the matrix once (under the embedding) and a
+    checkpoint needs no ``lm_head.weight``.
+    """
+
+    def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype,
                  tied_to: VocabEmbedding | None = None) -> None:
         super().__init__()
-        self.tied = tied_to is not None
+        self.vocab_size = vocab_size
+        self.is_tied = tied_to is not None
         if tied_to is not None:
             self.weight = tied_to.weight
         else:
-            self.weight = nn.Parameter(torch.empty(vocab_size, hidden, dtype=dtype),
+            self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype),
                                        requires_grad=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden [n, hidden]`` -> float32 logits ``[n, vocab]``."""
         return F.linear(hidden, self.weight).float()

@@ -13,16 +13,36 @@ __all__ = ["GatedMLP"]
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, ctx: ModelContext, hidden: int, intermediate: int, prefix: str,
-                 act: str = "silu") -> None:
+    """``down(silu(gate(x)) * up(x))`` with ``gate_up_proj`` parts 0 (gate) and 1 (up).
+
+    Args:
+        ctx: the model context.
+        hidden_size: model width.
+        intermediate_size: width of gate and up each.
+        prefix: dotted module name (``model.layers.0.mlp``).
+        hidden_act: activation name from the config; only ``silu`` is implemented.
+        bias: biases on all three projections (Llama's ``mlp_bias``).
+
+    Raises:
+        ValueError: for another activation.
+    """
+
+    def __init__(self, ctx: ModelContext, hidden_size: int, intermediate_size: int, prefix: str,
+                 hidden_act: str = "silu", bias: bool = False) -> None:
         super().__init__()
-        if act != "silu":
-            raise ValueError(f"{prefix}: unsupported hidden_act {act!r} (only silu)")
-        self.intermediate = intermediate
-        self.gate_up_proj = MergedColumnLinear(ctx, hidden, [intermediate, intermediate],
-                                               f"{prefix}.gate_up_proj")
-        self.down_proj = RowLinear(ctx, intermediate, hidden, f"{prefix}.down_proj")
+        if hidden_act != "silu":
+            raise ValueError(
+                f"{prefix}: unsupported hidden_act {hidden_act!r}; only 'silu' is implemented"
+            )
+        self.intermediate_size = intermediate_size
+        self.gate_up_proj = MergedColumnLinear(ctx, hidden_size, [intermediate_size] * 2,
+                                               f"{prefix}.gate_up_proj", bias=bias)
+        self.down_proj = RowLinear(ctx, intermediate_size, hidden_size, f"{prefix}.down_proj",
+                                   bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        """``x [T, hidden]`` -> ``[T, hidden]``."""
+        gate_up = self.gate_up_proj(x)
+        # gate_up is a fresh buffer: activate the gate half in place.
+        gate = F.silu(gate_up[:, : self.intermediate_size], inplace=True)
+        return self.down_proj(gate * gate_up[:, self.intermediate_size :])

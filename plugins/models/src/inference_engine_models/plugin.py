@@ -11,5 +11,6 @@ def ie_register_models() -> list[Spec]:
     return [
         Spec("LlamaForCausalLM", f"{base}.llama:LlamaForCausalLM", "Llama 2/3 dense decoder"),
         Spec("Qwen2ForCausalLM", f"{base}.qwen2:Qwen2ForCausalLM", "Qwen2 / Qwen2.5 dense decoder"),
-        Spec("Qwen3ForCausalLM", f"{base}.qwen3:Qwen3ForCausalLM", "Qwen3 dense decoder (q/k norm)"),
+        Spec("Qwen3ForCausalLM", f"{base}.qwen3:Qwen3ForCausalLM",
+             "Qwen3 dense decoder (q/k norm)"),
     ]

@@ -2,36 +2,25 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from inference_engine.interfaces.quant import QuantMethod
+from inference_engine.layers.linear import copy_into_rows
 
-__all__ = ["UnquantizedMethod", "copy_shard"]
-
-
-def copy_shard(layer: nn.Module, param: nn.Parameter, loaded: torch.Tensor, shard: int | str | None,
-               name: str) -> None:
-    """Copy a checkpoint tensor into ``param`` (or its rows for one fused shard).
-
-    Raises:
-        ValueError: naming the parameter and both shapes when they disagree.
-    """
-    target = param.data
-    if shard is not None:
-        offset, size = layer.shard_rows(shard)
-        target = target.narrow(0, offset, size)
-    if tuple(target.shape) != tuple(loaded.shape):
-        raise ValueError(
-            f"shape mismatch for {name}: checkpoint has {tuple(loaded.shape)}, "
-            f"the model expects {tuple(target.shape)}"
-        )
-    target.copy_(loaded)
+__all__ = ["UnquantizedMethod"]
 
 
 class UnquantizedMethod(QuantMethod):
-    """``weight [N, K]`` and ``F.linear``."""
+    """``weight [N, K]`` in the compute dtype, applied with ``F.linear``.
+
+    The weight's ``weight_loader(param, loaded, shard_id=None)`` copies a
+    checkpoint tensor into the whole weight, or into the rows of one fused part
+    (``"q"``, ``"k"``, ``"v"``, or ``0``/``1`` for gate/up) of the layer.
+    """
 
     name = "unquantized"
 
@@ -43,11 +32,20 @@ class UnquantizedMethod(QuantMethod):
         output_sizes: list[int],
         params_dtype: torch.dtype,
     ) -> None:
-        weight = nn.Parameter(torch.empty(sum(output_sizes), input_size, dtype=params_dtype),
-                              requires_grad=False)
-        weight.weight_loader = lambda p, t, shard=None: copy_shard(  # type: ignore[attr-defined]
-            layer, p, t, shard, f"{prefix}.weight")
+        weight = nn.Parameter(
+            torch.empty(sum(output_sizes), input_size, dtype=params_dtype), requires_grad=False
+        )
+        weight.weight_loader = partial(  # type: ignore[attr-defined]
+            _load_weight, layer, name=f"{prefix}.weight"
+        )
         layer.register_parameter("weight", weight)
 
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return F.linear(x, layer.weight, bias)
+
+
+def _load_weight(layer: nn.Module, param: torch.Tensor, loaded: torch.Tensor,
+                 shard_id: int | str | None = None, *, name: str) -> None:
+    copy_into_rows(layer, param, loaded, shard_id, name)

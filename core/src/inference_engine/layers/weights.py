@@ -1,0 +1,159 @@
+"""Loading checkpoint tensors by name onto a model's (fused) parameters.
+
+Checkpoints store ``q_proj``/``k_proj``/``v_proj`` and ``gate_proj``/``up_proj``
+separately; our layers fuse them (``qkv_proj``, ``gate_up_proj``). One table,
+:data:`STACKED_PARAMS`, maps each checkpoint module name to the fused module
+and the part it fills, and both directions (loading, and naming what is
+missing) are derived from it.
+
+Every parameter of a fused :class:`~inference_engine.layers.linear.LinearBase`
+is expected once per part (``...q_proj.weight``, ``...k_proj.weight``, ...);
+quantization methods whose parameters are per part (scales) follow the same
+rule. A parameter a checkpoint may legitimately lack (one computed after
+loading) carries ``checkpoint_optional = True``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+import torch
+from torch import nn
+
+from inference_engine.layers.linear import LinearBase, ShardId
+
+__all__ = ["STACKED_PARAMS", "checkpoint_names", "load_checkpoint_weights"]
+
+# Checkpoint module name -> (our fused module name, part id).
+STACKED_PARAMS: dict[str, tuple[str, ShardId]] = {
+    "q_proj": ("qkv_proj", "q"),
+    "k_proj": ("qkv_proj", "k"),
+    "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+# Checkpoint tensors that are never weights (transformers' saved rotary buffers).
+IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".rotary_emb.cos_cached", ".rotary_emb.sin_cached")
+
+_MAX_LISTED = 20
+
+
+def checkpoint_names(
+    model: nn.Module, stacked: Mapping[str, tuple[str, ShardId]] = STACKED_PARAMS
+) -> dict[str, tuple[str, ShardId | None]]:
+    """Every checkpoint tensor name the model expects -> (parameter name, part id or None).
+
+    Raises:
+        ValueError: for a fused layer whose module name has no checkpoint names in ``stacked``.
+    """
+    fused_to_ckpt: dict[str, dict[ShardId, str]] = {}
+    for ckpt_module, (fused_module, shard_id) in stacked.items():
+        fused_to_ckpt.setdefault(fused_module, {})[shard_id] = ckpt_module
+    modules = dict(model.named_modules())
+    expected: dict[str, tuple[str, ShardId | None]] = {}
+    for param_name, _ in model.named_parameters():
+        owner_name, _, leaf = param_name.rpartition(".")
+        owner = modules.get(owner_name)
+        if not (isinstance(owner, LinearBase) and owner.is_fused):
+            expected[param_name] = (param_name, None)
+            continue
+        parent, _, fused_module = owner_name.rpartition(".")
+        parts = fused_to_ckpt.get(fused_module, {})
+        for shard_id in owner.shard_ids:
+            if shard_id not in parts:
+                raise ValueError(
+                    f"{owner_name}: no checkpoint name for part {shard_id!r} of fused module "
+                    f"{fused_module!r}; add it to the stacked-parameter table"
+                )
+            ckpt = f"{parent}.{parts[shard_id]}.{leaf}" if parent else f"{parts[shard_id]}.{leaf}"
+            expected[ckpt] = (param_name, shard_id)
+    return expected
+
+
+def load_checkpoint_weights(
+    model: nn.Module,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    *,
+    stacked: Mapping[str, tuple[str, ShardId]] = STACKED_PARAMS,
+    ignore: Callable[[str], bool] | None = None,
+) -> set[str]:
+    """Copy checkpoint tensors into ``model``'s parameters through their ``weight_loader``.
+
+    Args:
+        model: the model; parameter names mirror checkpoint names except fused layers.
+        weights: ``(checkpoint name, tensor)`` pairs, consumed once.
+        stacked: checkpoint module -> (fused module, part) table.
+        ignore: names to skip silently (e.g. ``lm_head.weight`` of a tied model);
+            transformers' rotary buffers are always skipped.
+
+    Returns:
+        The checkpoint names consumed (loaded or deliberately skipped).
+
+    Raises:
+        ValueError: after reading every tensor, listing all unexpected names,
+            shape mismatches (parameter and both shapes) and expected names
+            the checkpoint did not provide.
+    """
+    expected = checkpoint_names(model, stacked)
+    params = dict(model.named_parameters())
+    consumed: set[str] = set()
+    loaded: set[str] = set()
+    unexpected: list[str] = []
+    mismatched: dict[str, str] = {}
+    for name, tensor in weights:
+        if name.endswith(IGNORED_SUFFIXES) or (ignore is not None and ignore(name)):
+            consumed.add(name)
+            continue
+        target = expected.get(name)
+        if target is None:
+            unexpected.append(name)
+            continue
+        param_name, shard_id = target
+        param = params[param_name]
+        loader = getattr(param, "weight_loader", _copy_whole)
+        try:
+            if shard_id is None:
+                loader(param, tensor)
+            else:
+                loader(param, tensor, shard_id)
+        except ValueError as exc:
+            mismatched[name] = str(exc)
+            continue
+        loaded.add(name)
+        consumed.add(name)
+    missing = [
+        name for name, (param_name, _) in expected.items()
+        if name not in loaded and name not in mismatched
+        and not getattr(params[param_name], "checkpoint_optional", False)
+    ]
+    problems = []
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected tensor(s): {_listing(unexpected)}")
+    if mismatched:
+        details = [f"{name}: {msg}" for name, msg in sorted(mismatched.items())]
+        problems.append(f"{len(mismatched)} shape mismatch(es): {_listing(details, sort=False)}")
+    if missing:
+        problems.append(
+            f"{len(missing)} tensor(s) missing from the checkpoint: {_listing(missing)}"
+        )
+    if problems:
+        raise ValueError(f"checkpoint does not fit {type(model).__name__}: " + "; ".join(problems))
+    return consumed
+
+
+def _copy_whole(param: torch.Tensor, loaded: torch.Tensor) -> None:
+    if param.shape != loaded.shape:
+        raise ValueError(
+            f"shape mismatch: the checkpoint tensor has shape {tuple(loaded.shape)}, "
+            f"the model expects {tuple(param.shape)}"
+        )
+    param.data.copy_(loaded)
+
+
+def _listing(items: list[str], sort: bool = True) -> str:
+    items = sorted(items) if sort else items
+    shown = ", ".join(items[:_MAX_LISTED])
+    if len(items) > _MAX_LISTED:
+        shown += f", ... and {len(items) - _MAX_LISTED} more"
+    return f"[{shown}]"

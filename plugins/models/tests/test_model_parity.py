@@ -1,0 +1,301 @@
+"""Each architecture against transformers, all-position logits in fp32.
+
+Our model is built through a ModelContext, loaded from the HF model's
+state_dict, given a small paged cache of its own, and run on hand-built
+steps: one prefill, two sequences of different lengths in one flat batch, a
+prefill split into two chunks, and a mixed decode + prefill step. Also the
+load_weights contract (unexpected, missing and mismatched names).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+import transformers
+from inference_engine.builtin.attention.paged import PagedAttentionBackend
+from inference_engine.builtin.attention.torch_sdpa import TorchSDPABackend
+from inference_engine.builtin.quant.unquantized import UnquantizedMethod
+from inference_engine.interfaces.attention import AttentionMetadata, KVCacheSpec
+from inference_engine.interfaces.model import ModelContext
+from inference_engine.layers import Attention
+from inference_engine_models.llama import LlamaForCausalLM
+from inference_engine_models.qwen2 import Qwen2ForCausalLM
+from inference_engine_models.qwen3 import Qwen3ForCausalLM
+
+torch.set_flush_denormal(True)
+
+ARCHS: dict[str, tuple[type, type, type]] = {
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, LlamaForCausalLM),
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, Qwen2ForCausalLM),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, Qwen3ForCausalLM),
+}
+BACKENDS = {"torch_sdpa": TorchSDPABackend, "paged": PagedAttentionBackend}
+
+BLOCK_SIZE = 4
+NUM_BLOCKS = 16
+
+
+def tiny_config(arch: str, **overrides: Any) -> Any:
+    params: dict[str, Any] = dict(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, attn_implementation="eager",
+    )
+    params.update(overrides)
+    return ARCHS[arch][0](**params)
+
+
+def random_hf_model(arch: str, config: Any, seed: int = 0) -> torch.nn.Module:
+    """The HF model with every weight random (biases and norm weights included)."""
+    torch.manual_seed(seed)
+    model = ARCHS[arch][1](config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.copy_(1.0 + 0.2 * torch.randn_like(param))
+            else:
+                param.normal_(0.0, 0.15)
+    return model
+
+
+@dataclass
+class Twin:
+    """Our model with a KV cache bound to every attention layer."""
+
+    model: Any
+    caches: list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def build_ours(arch: str, config: Any, state: dict[str, torch.Tensor] | None = None,
+               backend: str = "torch_sdpa", num_blocks: int = NUM_BLOCKS) -> Twin:
+    ctx = ModelContext(config, torch.float32, UnquantizedMethod(), BACKENDS[backend],
+                       torch.device("cpu"))
+    model = ARCHS[arch][2](ctx).eval()
+    if state is not None:
+        with torch.no_grad():
+            model.load_weights(state.items())
+    caches = []
+    for layer in model.modules():
+        if isinstance(layer, Attention):
+            shape = (num_blocks, BLOCK_SIZE, layer.num_kv_heads, layer.head_dim)
+            layer.kv_cache = (torch.zeros(shape), torch.zeros(shape))
+            caches.append(layer.kv_cache)
+    return Twin(model, caches)
+
+
+@dataclass
+class Seq:
+    """One sequence's part of a step: ``num_cached`` tokens already in its blocks."""
+
+    token_ids: list[int]
+    num_cached: int
+    block_ids: list[int]
+
+
+def make_step(seqs: Sequence[Seq],
+              block_size: int = BLOCK_SIZE) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """(input_ids, positions, metadata) of one flat step; decodes must come first."""
+    ids, positions, slots, query_lens, seq_lens = [], [], [], [], []
+    for s in seqs:
+        new = s.token_ids[s.num_cached:]
+        ids += new
+        pos = list(range(s.num_cached, len(s.token_ids)))
+        positions += pos
+        slots += [s.block_ids[p // block_size] * block_size + p % block_size for p in pos]
+        query_lens.append(len(new))
+        seq_lens.append(len(s.token_ids))
+    num_decodes = 0
+    for n in query_lens:
+        if n != 1:
+            break
+        num_decodes += 1
+    width = max(len(s.block_ids) for s in seqs)
+    tables = torch.zeros(len(seqs), width, dtype=torch.int64)
+    for i, s in enumerate(seqs):
+        tables[i, : len(s.block_ids)] = torch.tensor(s.block_ids)
+    slot = torch.tensor(slots, dtype=torch.int64)
+    starts = torch.zeros(len(seqs) + 1, dtype=torch.int64)
+    starts[1:] = torch.tensor(query_lens).cumsum(0)
+    metadata = AttentionMetadata(
+        num_tokens=len(ids), num_decodes=num_decodes, query_start_loc=starts,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int64), slot_mapping=slot,
+        block_tables=tables, block_size=block_size, query_lens_list=query_lens,
+        seq_lens_list=seq_lens, slot_blocks=slot // block_size, slot_offsets=slot % block_size,
+        max_decode_seq_len=max(seq_lens[:num_decodes], default=0),
+    )
+    return torch.tensor(ids), torch.tensor(positions), metadata
+
+
+def run_step(twin: Twin, seqs: Sequence[Seq]) -> torch.Tensor:
+    """All-position float32 logits ``[num_tokens, vocab]`` of one step."""
+    ids, positions, metadata = make_step(seqs)
+    with torch.inference_mode():
+        hidden = twin.model(ids, positions, metadata)
+        return twin.model.compute_logits(hidden)
+
+
+def hf_logits(model: torch.nn.Module, token_ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([token_ids])).logits[0].float()
+
+
+CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("llama", {}),
+    "llama_biases": ("llama", {"attention_bias": True, "mlp_bias": True}),
+    "llama_tied": ("llama", {"tie_word_embeddings": True}),
+    "llama_rope_llama3": ("llama", {"rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}),
+    "llama_rope_yarn": ("llama", {"rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+        "original_max_position_embeddings": 32}}),
+    "qwen2": ("qwen2", {}),
+    "qwen2_sliding_window": ("qwen2", {"use_sliding_window": True, "sliding_window": 5,
+                                       "max_window_layers": 1}),
+    "qwen3": ("qwen3", {"head_dim": 32}),
+}
+
+ATOL = 1e-4
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def pair(request):
+    """(case, arch, config, HF model, its state_dict)."""
+    arch, overrides = CASES[request.param]
+    config = tiny_config(arch, **overrides)
+    hf = random_hf_model(arch, config)
+    return request.param, arch, config, hf, hf.state_dict()
+
+
+def tokens(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def assert_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
+    assert ref.abs().max() > 0.5, "reference logits too small to compare meaningfully"
+    diff = (ours - ref).abs().max().item()
+    assert diff <= ATOL, f"max abs logit difference {diff:.2e} > {ATOL}"
+
+
+def test_single_prefill_matches_transformers(pair):
+    _, arch, config, hf, state = pair
+    twin = build_ours(arch, config, state)
+    ids = tokens(13, 1)
+    logits = run_step(twin, [Seq(ids, 0, [5, 2, 7, 0])])
+    assert logits.dtype == torch.float32 and logits.shape == (13, config.vocab_size)
+    assert_close(logits, hf_logits(hf, ids))
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_two_sequences_in_one_flat_batch(pair, backend):
+    _, arch, config, hf, state = pair
+    twin = build_ours(arch, config, state, backend)
+    a, b = tokens(9, 2), tokens(6, 3)
+    logits = run_step(twin, [Seq(a, 0, [3, 9, 1]), Seq(b, 0, [8, 0])])
+    assert_close(logits[:9], hf_logits(hf, a))
+    assert_close(logits[9:], hf_logits(hf, b))
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_chunked_prefill_then_mixed_decode_step(pair, backend):
+    _, arch, config, hf, state = pair
+    twin = build_ours(arch, config, state, backend)
+    a, b = tokens(13, 4), tokens(11, 5)
+    blocks_a, blocks_b = [6, 1, 12, 4], [2, 10, 7, 14]
+    # Step 1: a whole, b's first chunk. Step 2: b's second chunk, using the cache.
+    first = run_step(twin, [Seq(a[:12], 0, blocks_a), Seq(b[:6], 0, blocks_b)])
+    second = run_step(twin, [Seq(b, 6, blocks_b)])
+    assert_close(torch.cat([first[12:], second]), hf_logits(hf, b))
+    # Step 3: a decodes (decodes come first) while b prefills 2 more tokens.
+    c = b + tokens(2, 6)
+    third = run_step(twin, [Seq(a, 12, blocks_a), Seq(c, 11, blocks_b)])
+    assert_close(third[:1], hf_logits(hf, a)[12:])
+    assert_close(third[1:], hf_logits(hf, c)[11:])
+    # Step 4: both decode one token.
+    a2, c2 = a + tokens(1, 7), c + tokens(1, 8)
+    fourth = run_step(twin, [Seq(a2, 13, blocks_a), Seq(c2, 13, blocks_b)])
+    assert_close(fourth[:1], hf_logits(hf, a2)[13:])
+    assert_close(fourth[1:], hf_logits(hf, c2)[13:])
+
+
+# --------------------------------------------------------------------------- #
+# load_weights contract
+# --------------------------------------------------------------------------- #
+
+
+@pytest.fixture(scope="module")
+def qwen2_state():
+    config = tiny_config("qwen2")
+    return config, random_hf_model("qwen2", config).state_dict()
+
+
+def load(config: Any, state: dict[str, torch.Tensor], arch: str = "qwen2") -> set[str]:
+    return build_ours(arch, config).model.load_weights(state.items())
+
+
+def test_load_weights_consumes_every_checkpoint_name(qwen2_state):
+    config, state = qwen2_state
+    state = dict(state)
+    state["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
+    assert load(config, state) == set(state)
+
+
+def test_load_weights_lists_unexpected_names(qwen2_state):
+    config, state = qwen2_state
+    state = dict(state, **{"model.layers.0.mlp.extra.weight": torch.ones(2),
+                           "model.bogus": torch.ones(1)})
+    with pytest.raises(ValueError, match="2 unexpected") as err:
+        load(config, state)
+    assert "model.layers.0.mlp.extra.weight" in str(err.value)
+    assert "model.bogus" in str(err.value)
+    assert "missing" not in str(err.value)
+
+
+def test_load_weights_lists_missing_names_by_checkpoint_name(qwen2_state):
+    config, state = qwen2_state
+    dropped = ["model.layers.1.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.bias",
+               "model.layers.0.mlp.up_proj.weight", "model.norm.weight", "lm_head.weight"]
+    state = {k: v for k, v in state.items() if k not in dropped}
+    with pytest.raises(ValueError, match="5 tensor\\(s\\) missing") as err:
+        load(config, state)
+    for name in dropped:
+        assert name in str(err.value)
+    assert "qkv_proj" not in str(err.value) and "unexpected" not in str(err.value)
+
+
+def test_load_weights_names_shape_mismatch(qwen2_state):
+    config, state = qwen2_state
+    state = dict(state, **{"model.layers.0.self_attn.k_proj.weight": torch.ones(16, 64),
+                           "model.norm.weight": torch.ones(65)})
+    with pytest.raises(ValueError, match="2 shape mismatch") as err:
+        load(config, state)
+    message = str(err.value)
+    assert "model.layers.0.self_attn.k_proj.weight" in message
+    assert "model.layers.0.self_attn.qkv_proj.weight" in message
+    assert "(16, 64)" in message and "(32, 64)" in message
+    assert "model.norm.weight" in message and "(65,)" in message and "(64,)" in message
+    assert "missing" not in message
+
+
+def test_tied_model_needs_no_lm_head_and_ignores_one():
+    config = tiny_config("llama", tie_word_embeddings=True)
+    state = random_hf_model("llama", config).state_dict()
+    without = {k: v for k, v in state.items() if k != "lm_head.weight"}
+    twin = build_ours("llama", config)
+    assert twin.model.load_weights(without.items()) == set(without)
+    assert twin.model.lm_head.weight is twin.model.model.embed_tokens.weight
+    assert build_ours("llama", config).model.load_weights(state.items()) == set(state)
+
+
+def test_attention_layers_are_found_in_order_with_their_cache_spec():
+    config = tiny_config("qwen3", head_dim=32, num_hidden_layers=3)
+    twin = build_ours("qwen3", config)
+    layers = [m for m in twin.model.modules() if isinstance(m, Attention)]
+    assert [m.prefix for m in layers] == [f"model.layers.{i}.self_attn.attn" for i in range(3)]
+    spec = layers[0].kv_cache_spec()
+    assert spec == KVCacheSpec(num_tensors=2, num_heads=2, head_dim=32, dtype=torch.float32)
+    assert all(layer.kv_cache is cache for layer, cache in zip(layers, twin.caches, strict=True))
