@@ -126,6 +126,41 @@ def generate(
             typer.echo(f"[{completion.finish_reason}, {len(completion.token_ids)} tokens]", err=True)
 
 
+@app.command("parse")
+def parse(
+    tool_parser: Annotated[Optional[str], typer.Option(help="Registered tool parser name.")] = None,
+    reasoning_parser: Annotated[Optional[str], typer.Option(help="Registered reasoning parser name.")] = None,
+    tools: Annotated[Optional[str], typer.Option(help="JSON file with the OpenAI tools list.")] = None,
+    chunk_size: Annotated[Optional[int], typer.Option(min=1, help="Stream in deltas of N characters.")] = None,
+    stream_random: Annotated[Optional[int], typer.Option(help="Stream in random deltas from this seed.")] = None,
+    tool_call_streaming: Annotated[str, typer.Option(help="incremental or whole.")] = "incremental",
+    thinking: Annotated[Optional[bool], typer.Option("--thinking/--no-thinking",
+                                                    help="Force thinking on or off.")] = None,
+) -> None:
+    """Parse a saved model output from stdin; print reasoning, content and tool calls as JSON."""
+    import sys
+
+    from inference_engine.parsing import run_parse
+    from inference_engine.registry import UnknownNameError
+
+    if tool_parser is None and reasoning_parser is None:
+        typer.echo("error: give --tool-parser and/or --reasoning-parser", err=True)
+        raise typer.Exit(2)
+    try:
+        tool_list = None
+        if tools is not None:
+            with open(tools) as f:
+                tool_list = json.load(f)
+        result = run_parse(sys.stdin.read(), tool_parser=tool_parser,
+                           reasoning_parser=reasoning_parser, tools=tool_list,
+                           chunk_size=chunk_size, stream_seed=stream_random,
+                           mode=tool_call_streaming, enable_thinking=thinking)
+    except (UnknownNameError, ValueError, OSError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(json.dumps(result, ensure_ascii=False))
+
+
 def main() -> None:
     """Console-script entry point."""
     app()
