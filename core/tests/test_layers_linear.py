@@ -79,6 +79,21 @@ def test_unquantized_loader_names_parameter_and_both_shapes_on_mismatch():
         single.weight.weight_loader(single.weight, torch.randn(4, 9))
 
 
+def test_processing_after_loading_keeps_results_and_the_loader():
+    layer = QKVParallelLinear(make_ctx(), 16, 4, 2, 4, "qkv_proj", bias=True)
+    for s, rows in (("q", 16), ("k", 8), ("v", 8)):
+        layer.weight.weight_loader(layer.weight, torch.randn(rows, 16), s)
+        layer.bias.weight_loader(layer.bias, torch.randn(rows), s)
+    x = torch.randn(5, 16)
+    before = layer(x)
+    layer.quant_method.process_weights_after_loading(layer)
+    assert layer.weight.shape == (32, 16)
+    torch.testing.assert_close(layer(x), before)
+    new_k = torch.randn(8, 16)
+    layer.weight.weight_loader(layer.weight, new_k, "k")
+    torch.testing.assert_close(layer.weight[16:24], new_k, atol=0, rtol=0)
+
+
 def test_unknown_part_is_refused():
     layer = MergedColumnLinear(make_ctx(), 8, [4, 4], "mlp.gate_up_proj")
     with pytest.raises(ValueError, match="no part 'q'"):

@@ -78,6 +78,10 @@ def build_ours(arch: str, config: Any, state: dict[str, torch.Tensor] | None = N
     if state is not None:
         with torch.no_grad():
             model.load_weights(state.items())
+            for module in model.modules():  # as the engine's loader does
+                method = getattr(module, "quant_method", None)
+                if method is not None:
+                    method.process_weights_after_loading(module)
     caches = []
     for layer in model.modules():
         if isinstance(layer, Attention):

@@ -101,8 +101,8 @@ class DecoderAttention(nn.Module):
             qk = rms_normalize(qk, self.q_norm.eps)
             qk[:, :h].mul_(self.q_norm.weight)
             qk[:, h:].mul_(self.k_norm.weight)
-        qk = rope.rotate(qk)
-        out = self.attn(qk[:, :h], qk[:, h:], qkv[:, qk_end:], metadata)  # [T, h * head_dim]
+        q, k = rope.rotate(qk).split([h, self.num_kv_heads], dim=1)
+        out = self.attn(q, k, qkv[:, qk_end:], metadata)  # [T, h * head_dim]
         return self.o_proj(out)
 
 

@@ -42,7 +42,6 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [T, hidden]`` -> ``[T, hidden]``."""
-        gate_up = self.gate_up_proj(x)
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         # gate_up is a fresh buffer: activate the gate half in place.
-        gate = F.silu(gate_up[:, : self.intermediate_size], inplace=True)
-        return self.down_proj(gate * gate_up[:, self.intermediate_size :])
+        return self.down_proj(F.silu(gate, inplace=True) * up)

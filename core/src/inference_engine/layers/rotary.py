@@ -50,12 +50,14 @@ class RotaryTable:
         ``out = x * cos + rotate_half(x) * sin`` written as one multiply and two
         fused multiply-adds, with no concatenation.
         """
-        r, h = self.rot_dim, self.rot_dim // 2
-        if r == self.head_dim:
+        if self.rot_dim == self.head_dim:
             out = x * self.cos
-            out[..., :h].addcmul_(x[..., h:], self.neg_sin)
-            out[..., h:].addcmul_(x[..., :h], self.sin)
+            out_1, out_2 = out.chunk(2, dim=-1)
+            x_1, x_2 = x.chunk(2, dim=-1)
+            out_1.addcmul_(x_2, self.neg_sin)
+            out_2.addcmul_(x_1, self.sin)
             return out
+        r, h = self.rot_dim, self.rot_dim // 2
         out = x.clone()
         rot = out[..., :r]
         rot.mul_(self.cos)
