@@ -126,6 +126,116 @@ def generate(
             typer.echo(f"[{completion.finish_reason}, {len(completion.token_ids)} tokens]", err=True)
 
 
+def _split(values: Optional[list[str]]) -> list[str]:
+    """Repeated and/or comma-separated option values as one list."""
+    return [v.strip() for value in values or [] for v in value.split(",") if v.strip()]
+
+
+def _parse_bytes(value: Optional[str]) -> Optional[int]:
+    """``1073741824``, ``512MiB``, ``4GiB`` or ``2GB`` -> bytes."""
+    if value is None:
+        return None
+    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6,
+             "gb": 10**9, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "b": 1}
+    text = value.strip().lower()
+    for unit in sorted(units, key=len, reverse=True):
+        if text.endswith(unit):
+            number = text[: -len(unit)].strip()
+            try:
+                return int(float(number) * units[unit])
+            except ValueError:
+                break
+    try:
+        return int(text)
+    except ValueError:
+        raise typer.BadParameter(f"expected bytes such as 1073741824, 512MiB or 4GiB, got "
+                                 f"{value!r}", param_hint="--kv-cache-memory") from None
+
+
+@app.command("serve")
+def serve(
+    model: Annotated[str, typer.Argument(help="Model folder (Hugging Face layout) or .gguf file.")],
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to bind.")] = 8000,
+    served_model_name: Annotated[Optional[list[str]], typer.Option(
+        help="Name(s) clients use in 'model' (repeat or comma-separate); default: MODEL.")] = None,
+    api_key: Annotated[Optional[list[str]], typer.Option(
+        help="Accepted bearer key (repeat for several); also INFERENCE_ENGINE_API_KEY "
+             "(comma-separated). Any key turns auth on.")] = None,
+    enable_auth: Annotated[bool, typer.Option(
+        help="Require a key on every endpoint except /health; fails without a key.")] = False,
+    enable_cors: Annotated[bool, typer.Option(help="Send CORS headers for allowed origins.")] = False,
+    cors_allow_origins: Annotated[Optional[list[str]], typer.Option(
+        help="Allowed origins (repeat or comma-separate); default *.")] = None,
+    cors_allow_methods: Annotated[Optional[list[str]], typer.Option(
+        help="Allowed methods; default *.")] = None,
+    cors_allow_headers: Annotated[Optional[list[str]], typer.Option(
+        help="Allowed request headers; default *.")] = None,
+    cors_allow_credentials: Annotated[bool, typer.Option(
+        help="Allow credentialed CORS requests.")] = False,
+    tool_call_parser: Annotated[Optional[str], typer.Option(
+        help="Registered tool parser (see list-plugins --kind tool_parsers).")] = None,
+    reasoning_parser: Annotated[Optional[str], typer.Option(
+        help="Registered reasoning parser.")] = None,
+    enable_auto_tool_choice: Annotated[bool, typer.Option(
+        help="Parse tool calls for tool_choice=auto; picks parsers from the architecture "
+             "when none are named.")] = False,
+    tool_call_streaming: Annotated[str, typer.Option(
+        help="incremental (argument fragments) or whole (a call once complete).")] = "incremental",
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "auto",
+    max_model_len: Annotated[Optional[int], typer.Option(
+        min=1, help="Context limit; default the model's.")] = None,
+    block_size: Annotated[int, typer.Option(min=1, help="Tokens per KV block.")] = 16,
+    max_num_seqs: Annotated[int, typer.Option(min=1, help="Most sequences per step.")] = 128,
+    max_num_batched_tokens: Annotated[int, typer.Option(
+        min=1, help="Token budget of one step.")] = 2048,
+    kv_cache_memory: Annotated[Optional[str], typer.Option(
+        help="KV pool size in bytes (512MiB, 4GiB); default a share of free memory.")] = None,
+    enable_prefix_caching: Annotated[bool, typer.Option(
+        help="Reuse cached prompt blocks across requests.")] = True,
+    attention_backend: Annotated[str, typer.Option(help="Registered attention backend.")] = "paged",
+    device_ids: Annotated[Optional[str], typer.Option(
+        help="Comma-separated device indices to use (CUDA_VISIBLE_DEVICES is not touched).")] = None,
+    platform: Annotated[Optional[str], typer.Option(help="Force a platform by name.")] = None,
+    seed: Annotated[int, typer.Option(help="Base seed for unseeded requests.")] = 0,
+    shutdown_timeout: Annotated[float, typer.Option(
+        min=0.0, help="Seconds in-flight requests get after SIGINT/SIGTERM.")] = 30.0,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Serve MODEL over an OpenAI-compatible HTTP API (uvicorn)."""
+    import logging
+
+    from inference_engine.config import EngineConfig, ServerConfig, api_key_from_env
+    from inference_engine.entrypoints.openai.server import run_server
+    from inference_engine.registry import UnknownNameError
+
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    keys = _split(api_key) + _split([api_key_from_env()] if api_key_from_env() else [])
+    try:
+        ids = [int(i) for i in _split([device_ids])] if device_ids else None
+        server_config = ServerConfig(
+            host=host, port=port, served_model_names=_split(served_model_name), api_keys=keys,
+            enable_auth=enable_auth, enable_cors=enable_cors,
+            cors_allow_origins=_split(cors_allow_origins) or ["*"],
+            cors_allow_methods=_split(cors_allow_methods) or ["*"],
+            cors_allow_headers=_split(cors_allow_headers) or ["*"],
+            cors_allow_credentials=cors_allow_credentials, tool_call_parser=tool_call_parser,
+            reasoning_parser=reasoning_parser, enable_auto_tool_choice=enable_auto_tool_choice,
+            tool_call_streaming=tool_call_streaming, shutdown_timeout=shutdown_timeout,
+            log_level=log_level.lower(),
+        )
+        engine_config = EngineConfig.from_kwargs(
+            model, dtype=dtype, max_model_len=max_model_len, block_size=block_size,
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            kv_cache_memory=_parse_bytes(kv_cache_memory),
+            enable_prefix_caching=enable_prefix_caching, attention_backend=attention_backend,
+            device_ids=ids, platform=platform, seed=seed)
+        run_server(engine_config, server_config)
+    except (ValueError, UnknownNameError, OSError, TypeError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
 @app.command("parse")
 def parse(
     tool_parser: Annotated[Optional[str], typer.Option(help="Registered tool parser name.")] = None,

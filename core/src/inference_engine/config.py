@@ -17,6 +17,7 @@ __all__ = [
     "ParallelConfig",
     "QuantConfig",
     "SchedulerConfig",
+    "ServerConfig",
     "SpeculativeConfig",
     "api_key_from_env",
     "plugin_filter_from_env",
@@ -34,8 +35,59 @@ def plugin_filter_from_env() -> list[str] | None:
 
 
 def api_key_from_env() -> str | None:
-    """The server's API key from ``INFERENCE_ENGINE_API_KEY``, if set."""
+    """The server's API key from ``INFERENCE_ENGINE_API_KEY``, if set.
+
+    Several keys may be given separated by commas.
+    """
     return os.environ.get("INFERENCE_ENGINE_API_KEY") or None
+
+
+@dataclass
+class ServerConfig:
+    """The HTTP front end (``inference-engine serve``); the engine has its own config.
+
+    Raises:
+        ValueError: ``--enable-auth`` without a key, a bad port, or an unknown
+            tool-call streaming mode; the message names the flag.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # Names the API accepts in ``model``; the first is reported. Default: the model path.
+    served_model_names: list[str] = field(default_factory=list)
+    # Accepted bearer keys; non-empty turns auth on.
+    api_keys: list[str] = field(default_factory=list)
+    enable_auth: bool = False
+    enable_cors: bool = False
+    cors_allow_origins: list[str] = field(default_factory=lambda: ["*"])
+    cors_allow_methods: list[str] = field(default_factory=lambda: ["*"])
+    cors_allow_headers: list[str] = field(default_factory=lambda: ["*"])
+    cors_allow_credentials: bool = False
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    enable_auto_tool_choice: bool = False
+    tool_call_streaming: str = "incremental"
+    # Seconds in-flight requests get to finish after SIGINT/SIGTERM before they are aborted.
+    shutdown_timeout: float = 30.0
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        self.api_keys = [k for k in self.api_keys if k]
+        if self.enable_auth and not self.api_keys:
+            raise ValueError("--enable-auth needs at least one key: pass --api-key KEY or set "
+                             "INFERENCE_ENGINE_API_KEY")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--port must be in 0-65535, got {self.port}")
+        if self.tool_call_streaming not in ("incremental", "whole"):
+            raise ValueError("--tool-call-streaming must be incremental or whole, got "
+                             f"{self.tool_call_streaming!r}")
+        if self.shutdown_timeout < 0:
+            raise ValueError(f"--shutdown-timeout must be non-negative, got "
+                             f"{self.shutdown_timeout}")
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.api_keys)
 
 
 @dataclass

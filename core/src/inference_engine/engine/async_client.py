@@ -40,6 +40,11 @@ class _Stream:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
 
+def _deliver(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
+    for queue_, item in items:
+        queue_.put_nowait(item)
+
+
 class AsyncLLM:
     """Asynchronous front of :class:`LLMEngine`."""
 
@@ -107,13 +112,20 @@ class AsyncLLM:
             self._dispatch(outputs)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        # One wake-up per event loop per step, not one per request.
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], Any]]] = {}
         for output in outputs:
             stream = self._streams.get(output.request_id)
             if stream is None:
                 continue
-            stream.put(output)
+            batches.setdefault(stream.loop, []).append((stream.queue, output))
             if output.finished:
                 del self._streams[output.request_id]
+        for loop, items in batches.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # that loop is closed: nobody is listening
+                pass
 
     async def _call(self, fn: Callable[[], Any]) -> Any:
         if self._dead is not None or not self._thread.is_alive():
@@ -123,15 +135,18 @@ class AsyncLLM:
         return await asyncio.wrap_future(future)
 
     # ---- public API ----------------------------------------------------------
-    async def generate(
+    async def add_request(
         self,
         prompt: PromptInput,
         sampling_params: SamplingParams | None = None,
         request_id: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Yield the request's output after every step that changed it; the last is finished.
+        """Queue a request now; return the iterator of its outputs.
 
-        Leaving the iteration early (a client that went away) aborts the request.
+        Errors in the request (empty or too long prompt, duplicate id) raise
+        here, before anything streams, so a server can still answer 400. The
+        caller must iterate the result (or :meth:`abort` the id): leaving the
+        iteration early aborts the request, never starting it does not.
         """
         rid = request_id if request_id is not None else f"async-{next(self._ids)}"
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
@@ -144,6 +159,9 @@ class AsyncLLM:
             return rid
 
         await self._call(add)
+        return self._iterate(rid, stream)
+
+    async def _iterate(self, rid: str, stream: _Stream) -> AsyncIterator[RequestOutput]:
         finished = False
         try:
             while True:
@@ -158,6 +176,20 @@ class AsyncLLM:
             if not finished and self.is_running:
                 self._commands.put((lambda: self._abort_now([rid]), concurrent.futures.Future()))
 
+    async def generate(
+        self,
+        prompt: PromptInput,
+        sampling_params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield the request's output after every step that changed it; the last is finished.
+
+        Leaving the iteration early (a client that went away) aborts the request.
+        """
+        outputs = await self.add_request(prompt, sampling_params, request_id)
+        async for output in outputs:
+            yield output
+
     def _abort_now(self, request_ids: list[str]) -> list[RequestOutput]:
         outputs = self.engine.abort_request(request_ids)
         self._dispatch(outputs)
@@ -170,6 +202,15 @@ class AsyncLLM:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         outputs = await self._call(lambda: self._abort_now(ids))
         return [o.request_id for o in outputs]
+
+    async def request_ids(self) -> list[str]:
+        """Ids of the requests the engine holds (unfinished)."""
+        return await self._call(self.engine.request_ids)
+
+    async def abort_all(self) -> list[str]:
+        """Abort every request the engine holds; returns their ids."""
+        return await self._call(lambda: [o.request_id for o in
+                                         self._abort_now(self.engine.request_ids())])
 
     async def pause(self) -> None:
         await self._call(self.engine.pause)

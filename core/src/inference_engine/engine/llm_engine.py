@@ -192,6 +192,10 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self._groups) or bool(self._pending_outputs)
 
+    def request_ids(self) -> list[str]:
+        """Ids of the requests not yet finished (as given to :meth:`add_request`)."""
+        return list(self._groups)
+
     def num_unfinished_requests(self) -> int:
         return len(self._groups)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,6 +37,8 @@ class LoadedModel:
     dtype: torch.dtype
     max_model_len: int
     architecture: str
+    # generation_config.json as a dict ({} when absent): eos ids, sampling defaults.
+    generation_config: dict[str, Any] = field(default_factory=dict)
 
 
 def resolve_dtype(requested: str, hf_config: Any, platform: Platform) -> torch.dtype:
@@ -147,9 +149,11 @@ def load_model(
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model_config.tokenizer or path)
-    eos = _eos_ids(fmt.generation_config(), hf_config, tokenizer)
+    generation_config = fmt.generation_config()
+    eos = _eos_ids(generation_config, hf_config, tokenizer)
     max_len = model_config.max_model_len or getattr(hf_config, "max_position_embeddings", 2048)
-    return LoadedModel(model, hf_config, tokenizer, eos, dtype, int(max_len), architecture)
+    return LoadedModel(model, hf_config, tokenizer, eos, dtype, int(max_len), architecture,
+                       generation_config)
 
 
 def _eos_ids(generation_config: dict[str, Any], hf_config: Any, tokenizer: Any) -> set[int]:

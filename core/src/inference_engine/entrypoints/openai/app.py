@@ -1,0 +1,235 @@
+"""The ASGI application: routes, error handlers, auth and CORS around a :class:`ModelServing`."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import Response
+
+from inference_engine import __version__
+from inference_engine.config import ServerConfig
+from inference_engine.engine.async_client import AsyncLLM, EngineDeadError
+from inference_engine.entrypoints.openai.chat import create_chat_completion, render_chat
+from inference_engine.entrypoints.openai.completions import create_completion
+from inference_engine.entrypoints.openai.errors import (
+    APIError,
+    JSONResponse,
+    error_response,
+    from_api_error,
+    status_phrase,
+)
+from inference_engine.entrypoints.openai.metrics import ServerMetrics
+from inference_engine.entrypoints.openai.protocol import (
+    AbortRequest,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    normalize_messages,
+    parse_body,
+)
+from inference_engine.entrypoints.openai.security import APIKeyMiddleware
+from inference_engine.entrypoints.openai.serving import ModelServing
+
+__all__ = ["build_app", "make_parser_factory"]
+
+logger = logging.getLogger(__name__)
+
+# Request bodies above this are refused (413) before parsing.
+MAX_BODY_BYTES = 64 << 20
+
+
+def make_parser_factory(config: ServerConfig, architecture: str, model_name: str) -> Any:
+    """The :class:`PipelineFactory` for the server's parser flags, or None.
+
+    With ``--enable-auto-tool-choice`` and no parser named, the pair comes from
+    the model's architecture (:func:`default_parsers`).
+
+    Raises:
+        UnknownNameError: a parser name nobody registered.
+    """
+    from inference_engine.parsing import PipelineFactory, default_parsers
+
+    tool, reasoning = config.tool_call_parser, config.reasoning_parser
+    if config.enable_auto_tool_choice and tool is None and reasoning is None:
+        tool, reasoning = default_parsers(architecture, model_name)
+        if tool or reasoning:
+            logger.info("parsers picked for %s: tool %s, reasoning %s", architecture, tool,
+                        reasoning)
+        else:
+            logger.warning("--enable-auto-tool-choice: no default parsers for %s; name them "
+                           "with --tool-call-parser / --reasoning-parser", architecture)
+    if tool is None and reasoning is None:
+        return None
+    return PipelineFactory(tool, reasoning, config.tool_call_streaming)
+
+
+async def read_json(request: Request) -> Any:
+    """The decoded JSON body; a 400 naming the problem if it is not JSON."""
+    body = await request.body()
+    if len(body) > MAX_BODY_BYTES:
+        raise APIError(f"the request body is larger than {MAX_BODY_BYTES} bytes", status=413)
+    if not body.strip():
+        raise APIError("the request body is empty; send a JSON object")
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise APIError(f"the request body is not valid JSON: {exc}") from None
+
+
+def build_app(engine: AsyncLLM, config: ServerConfig, parsers: Any = None,
+              shutdown_engine: bool = True) -> FastAPI:
+    """The OpenAI-compatible app serving ``engine``.
+
+    Args:
+        engine: a started :class:`AsyncLLM`.
+        config: front-end settings (names, auth, CORS, parsers).
+        parsers: a :class:`PipelineFactory` (see :func:`make_parser_factory`), or None.
+        shutdown_engine: stop the engine when the app shuts down.
+    """
+    names = config.served_model_names or [engine.engine.config.model.model]
+    metrics = ServerMetrics(names[0])
+    serving = ModelServing(engine, names, metrics, parsers, config.enable_auto_tool_choice)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        if shutdown_engine and engine.is_running:
+            with contextlib.suppress(Exception):
+                aborted = await engine.abort_all()
+                if aborted:
+                    logger.info("aborted %d unfinished request(s) at shutdown", len(aborted))
+            engine.shutdown()
+
+    app = FastAPI(title="inference-engine", version=__version__, lifespan=lifespan)
+    app.state.serving = serving
+
+    @app.exception_handler(APIError)
+    async def _api_error(_request: Request, exc: APIError) -> Response:
+        return from_api_error(exc)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(_request: Request, exc: HTTPException) -> Response:
+        detail = exc.detail if isinstance(exc.detail, str) else status_phrase(exc.status_code)
+        return error_response(detail, exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(EngineDeadError)
+    async def _dead(_request: Request, exc: EngineDeadError) -> Response:
+        return error_response(str(exc), 503)
+
+    @app.exception_handler(Exception)
+    async def _internal(_request: Request, exc: Exception) -> Response:
+        logger.exception("unhandled error")
+        return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
+
+    # ---- OpenAI ---------------------------------------------------------------
+    @app.get("/v1/models")
+    async def list_models() -> Response:
+        data = [{"id": name, "object": "model", "created": serving.created,
+                 "owned_by": "inference-engine", "root": serving.model_root, "parent": None,
+                 "max_model_len": serving.max_model_len} for name in names]
+        return JSONResponse({"object": "list", "data": data})
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = parse_body(CompletionRequest, await read_json(request))
+        return await create_completion(serving, body, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = parse_body(ChatCompletionRequest, await read_json(request))
+        return await create_chat_completion(serving, body, request)
+
+    # ---- tokenizer --------------------------------------------------------------
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        body = parse_body(TokenizeRequest, await read_json(request))
+        serving.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError("give exactly one of prompt or messages")
+        if body.prompt is not None:
+            ids = serving.encode(body.prompt, body.add_special_tokens)
+        else:
+            ids = render_chat(serving, normalize_messages(body.messages), body.tools,
+                              body.add_generation_prompt, body.chat_template_kwargs)
+        out: dict[str, Any] = {"count": len(ids), "max_model_len": serving.max_model_len,
+                               "tokens": ids}
+        if body.return_token_strs:
+            out["token_strs"] = serving.tokenizer.convert_ids_to_tokens(ids)
+        return JSONResponse(out)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Response:
+        body = parse_body(DetokenizeRequest, await read_json(request))
+        serving.check_model(body.model)
+        bad = [t for t in body.tokens if not 0 <= t < serving.vocab_size]
+        if bad:
+            raise APIError(f"token ids outside the vocabulary [0, {serving.vocab_size}): "
+                           f"{bad[:8]}", param="tokens")
+        return JSONResponse({"prompt": serving.tokenizer.decode(body.tokens)})
+
+    # ---- engine control -----------------------------------------------------------
+    @app.post("/pause")
+    async def pause() -> Response:
+        await engine.pause()
+        return JSONResponse({"paused": True})
+
+    @app.post("/resume")
+    async def resume() -> Response:
+        await engine.resume()
+        return JSONResponse({"paused": False})
+
+    @app.get("/is_paused")
+    async def is_paused() -> Response:
+        return JSONResponse({"is_paused": await engine.is_paused()})
+
+    @app.post("/abort_requests")
+    async def abort_requests(request: Request) -> Response:
+        raw = await request.body()
+        body = parse_body(AbortRequest, await read_json(request)) if raw.strip() \
+            else AbortRequest()
+        if body.request_ids is None:
+            aborted = await engine.abort_all()
+        else:
+            wanted = set(body.request_ids)
+            live = await engine.request_ids()
+            # A completions request with several prompts runs as "<id>-<i>".
+            targets = [rid for rid in live if rid in wanted or
+                       (rid.rpartition("-")[0] in wanted and rid.rpartition("-")[2].isdigit())]
+            aborted = await engine.abort(targets) if targets else []
+        return JSONResponse({"aborted": aborted})
+
+    # ---- operations -----------------------------------------------------------------
+    @app.get("/health")
+    async def health() -> Response:
+        if engine.is_running:
+            return JSONResponse({"status": "ok"})
+        return error_response("the engine is not running", 503)
+
+    @app.get("/version")
+    async def version() -> Response:
+        return JSONResponse({"version": __version__})
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        stats = await engine.stats() if engine.is_running else {}
+        return Response(metrics.render(stats),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    if config.auth_enabled:
+        app.add_middleware(APIKeyMiddleware, api_keys=config.api_keys)
+    if config.enable_cors:
+        # Added last so it is outermost: preflights and 401s get CORS headers too.
+        app.add_middleware(CORSMiddleware, allow_origins=config.cors_allow_origins,
+                           allow_methods=config.cors_allow_methods,
+                           allow_headers=config.cors_allow_headers,
+                           allow_credentials=config.cors_allow_credentials)
+    return app

@@ -1,0 +1,240 @@
+"""What completions and chat share: the model's limits, sampling defaults, request ids,
+engine streams with metrics, and client-disconnect handling."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from starlette.requests import Request
+
+from inference_engine.engine.async_client import AsyncLLM, EngineDeadError
+from inference_engine.entrypoints.openai.errors import APIError
+from inference_engine.entrypoints.openai.metrics import RequestTimer, ServerMetrics
+from inference_engine.entrypoints.openai.protocol import SamplingFields
+from inference_engine.outputs import RequestOutput
+from inference_engine.sampling_params import SamplingParams
+
+__all__ = ["EngineRequest", "ModelServing", "merged", "run_until_disconnected", "timed"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Sampling fields a model's generation_config.json may set as request defaults (vLLM does too).
+_GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+@dataclass
+class EngineRequest:
+    """One engine request behind an API request (a completions prompt or a chat)."""
+
+    engine_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+class ModelServing:
+    """The served model as the API sees it; shared by every endpoint."""
+
+    def __init__(self, engine: AsyncLLM, model_names: Sequence[str], metrics: ServerMetrics,
+                 parsers: Any = None, enable_auto_tool_choice: bool = False) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        inner = engine.engine
+        self.max_model_len: int = inner.max_model_len
+        self.vocab_size: int = inner.model.ctx.hf_config.vocab_size
+        self.architecture: str = inner.loaded.architecture
+        self.model_names = list(model_names)
+        self.model_root = inner.config.model.model
+        self.metrics = metrics
+        self.parsers = parsers
+        self.enable_auto_tool_choice = enable_auto_tool_choice
+        self.created = int(time.time())
+        gen = inner.loaded.generation_config
+        self.sampling_defaults = {k: gen[k] for k in _GENERATION_DEFAULTS
+                                  if isinstance(gen.get(k), (int, float))
+                                  and not isinstance(gen.get(k), bool)}
+        if self.sampling_defaults:
+            logger.info("sampling defaults from generation_config.json: %s",
+                        self.sampling_defaults)
+
+    @property
+    def model_name(self) -> str:
+        return self.model_names[0]
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name not in self.model_names:
+            raise APIError(f"the model {name!r} does not exist; this server serves "
+                           f"{', '.join(repr(n) for n in self.model_names)}", status=404,
+                           param="model", type_="NotFoundError")
+
+    def new_request_id(self, prefix: str, given: str | None) -> str:
+        if given is not None:
+            if not given or len(given) > 256:
+                raise APIError("request_id must be 1-256 characters", param="request_id")
+            return given
+        return f"{prefix}-{uuid.uuid4().hex}"
+
+    # ---- prompts and sampling ---------------------------------------------
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def check_prompt(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            raise APIError("the prompt is empty", param="prompt")
+        if len(token_ids) >= self.max_model_len:
+            raise APIError(f"this model's maximum context length is {self.max_model_len} tokens; "
+                           f"the prompt has {len(token_ids)} tokens, leaving no room to generate",
+                           param="prompt")
+        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise APIError(f"prompt token ids outside the vocabulary [0, {self.vocab_size}): "
+                           f"{bad[:8]}", param="prompt")
+
+    def sampling_params(self, body: SamplingFields, prompt_len: int, max_tokens: int | None,
+                        logprobs: int | None, max_tokens_field: str = "max_tokens",
+                        **extra: Any) -> SamplingParams:
+        """The request's :class:`SamplingParams`; unset fields take the model's defaults.
+
+        Raises:
+            APIError: a value out of range, or more tokens asked than the context holds.
+        """
+        room = self.max_model_len - prompt_len
+        if max_tokens is None:
+            max_tokens = room
+        elif isinstance(max_tokens, int) and max_tokens > room:
+            raise APIError(
+                f"this model's maximum context length is {self.max_model_len} tokens; the "
+                f"request asks for {max_tokens} output tokens after a {prompt_len}-token prompt "
+                f"(at most {room} fit)", param=max_tokens_field)
+        fields: dict[str, Any] = {}
+        for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
+            value = getattr(body, name)
+            if value is None:
+                value = self.sampling_defaults.get(name)
+            if value is not None:
+                fields[name] = value
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(body, name) is not None:
+                fields[name] = getattr(body, name)
+        try:
+            return SamplingParams(
+                n=body.n, seed=body.seed, stop=body.stop, stop_token_ids=body.stop_token_ids,
+                ignore_eos=body.ignore_eos, min_tokens=body.min_tokens, max_tokens=max_tokens,
+                logprobs=logprobs, skip_special_tokens=body.skip_special_tokens,
+                include_stop_str_in_output=body.include_stop_str_in_output, **fields, **extra)
+        except ValueError as exc:
+            message = str(exc).replace("max_tokens", max_tokens_field, 1) \
+                if str(exc).startswith("max_tokens") else str(exc)
+            raise APIError(message, param=str(exc).split(" ", 1)[0]) from None
+
+    # ---- running ---------------------------------------------------------------
+    async def start(self, requests: list[EngineRequest]) -> list[AsyncIterator[RequestOutput]]:
+        """Queue every engine request; if one is refused, abort the ones already queued.
+
+        Raises:
+            APIError: the engine refused a request (400) or is not running (503).
+        """
+        streams = []
+        try:
+            for r in requests:
+                streams.append(await self.engine.add_request(
+                    {"prompt": r.prompt, "prompt_token_ids": r.prompt_token_ids}, r.params,
+                    request_id=r.engine_id))
+        except BaseException as exc:
+            if streams:
+                with contextlib.suppress(Exception):
+                    await self.engine.abort([r.engine_id for r in requests[:len(streams)]])
+            for stream in streams:
+                await stream.aclose()
+            if isinstance(exc, EngineDeadError):
+                raise APIError(str(exc), status=503) from None
+            if isinstance(exc, ValueError):
+                raise APIError(str(exc)) from None
+            raise
+        return streams
+
+
+async def merged(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Interleave several output streams as items arrive; closing this closes them all."""
+    if len(streams) == 1:
+        async with contextlib.aclosing(streams[0]) as only:  # type: ignore[type-var]
+            async for item in only:
+                yield 0, item
+        return
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+    done = object()
+
+    async def pump(index: int, stream: AsyncIterator[RequestOutput]) -> None:
+        try:
+            async with contextlib.aclosing(stream):  # type: ignore[type-var]
+                async for item in stream:
+                    await queue.put((index, item))
+            await queue.put((index, done))
+        except Exception as exc:  # handed to the consumer
+            await queue.put((index, exc))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def timed(serving: ModelServing, streams: list[AsyncIterator[RequestOutput]],
+                prompt_lens: list[int], arrival: float) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """:func:`merged` with TTFT / inter-token latency and token counters recorded."""
+    timers = [RequestTimer(serving.metrics, arrival) for _ in streams]
+    finished = [False] * len(streams)
+    async with contextlib.aclosing(merged(streams)) as items:
+        async for index, output in items:
+            timers[index].observe(sum(len(o.token_ids) for o in output.outputs))
+            if output.finished and not finished[index]:
+                finished[index] = True
+                timers[index].finish(prompt_lens[index],
+                                     [o.finish_reason for o in output.outputs])
+            yield index, output
+
+
+async def run_until_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work``; if the client disconnects first, cancel it (aborting its requests)."""
+    task = asyncio.ensure_future(work)
+
+    async def watch() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        watcher.cancel()
+        raise
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise APIError("the client disconnected", status=499)
+    watcher.cancel()
+    return task.result()
