@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["SAMPLE_TEXT", "make_tiny_model", "train_tiny_tokenizer"]
+__all__ = ["SAMPLE_TEXT", "make_scripted_model", "make_tiny_model", "train_tiny_tokenizer"]
 
 SAMPLE_TEXT = [
     "The quick brown fox jumps over the lazy dog.",
@@ -99,6 +99,55 @@ def make_tiny_model(
         for name, p in model.named_parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.08)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def make_scripted_model(path: str | Path, script: list[str], seed: int = 0,
+                        hidden_size: int = 128) -> Path:
+    """Save a real Qwen3 checkpoint whose greedy output after a chat prompt is ``script``.
+
+    For end-to-end tests of everything after the forward pass (streaming,
+    parsers, the server) with a known output, not a mocked one. Each piece of
+    ``script`` becomes one added token of the tiny tokenizer; the weights make
+    the model a bigram table: attention and MLP outputs are zero (so the
+    residual stream is the token embedding), and the LM head maps each token
+    to its successor: the chat template's last token to the first piece, each
+    piece to the next, the last to EOS. Pieces must be distinct.
+    """
+    import transformers
+
+    if len(set(script)) != len(script) or not script:
+        raise ValueError("script pieces must be distinct and non-empty")
+    path = Path(path)
+    tokenizer = train_tiny_tokenizer()
+    tokenizer.add_tokens(list(script))
+    piece_ids = [tokenizer.convert_tokens_to_ids(p) for p in script]
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}],
+                                           add_generation_prompt=True, tokenize=False)
+    start = tokenizer.encode(prompt, add_special_tokens=False)[-1]
+    chain = [start, *piece_ids, tokenizer.eos_token_id]
+    config = transformers.Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        max_position_embeddings=512, tie_word_embeddings=False,
+        eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+        pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    model = transformers.Qwen3ForCausalLM(config)
+    with torch.no_grad():
+        embed = torch.randn(len(tokenizer), hidden_size)
+        embed *= hidden_size ** 0.5 / embed.norm(dim=1, keepdim=True)  # RMS 1 per row
+        model.model.embed_tokens.weight.copy_(embed)
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        head = torch.zeros(len(tokenizer), hidden_size)
+        for prev, nxt in zip(chain, chain[1:]):
+            # logit(nxt | prev) = 40; other tokens get 40 * cos(embeddings) (|cos| << 1).
+            head[nxt] += 40.0 * embed[prev] / hidden_size
+        model.lm_head.weight.copy_(head)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

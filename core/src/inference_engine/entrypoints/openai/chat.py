@@ -149,7 +149,7 @@ class _Chat:
         if not self.body.logprobs or positions is None:
             return None
         return chat_logprobs(token_ids, positions, self.body.top_logprobs or 0,
-                             self.serving.tokenizer)
+                             self.serving.tokenizer, self.body.return_tokens_as_token_ids)
 
     def _usage(self, output: RequestOutput | None) -> dict[str, Any]:
         completion = sum(len(c.token_ids) for c in output.outputs) if output else 0

@@ -101,7 +101,8 @@ class _Completion:
         logprobs = None
         if self.body.logprobs is not None and positions is not None:
             logprobs = completion_logprobs(token_ids, positions, self.body.logprobs,
-                                           self.serving.tokenizer, text_offset)
+                                           self.serving.tokenizer, text_offset,
+                                           self.body.return_tokens_as_token_ids)
         return {
             "index": prompt_index * self.body.n + completion.index,
             "text": text,

@@ -1,4 +1,8 @@
-"""Engine logprobs (``dict[token_id, Logprob]`` per token) in the two OpenAI shapes."""
+"""Engine logprobs (``dict[token_id, Logprob]`` per token) in the two OpenAI shapes.
+
+``as_ids`` writes tokens as ``token_id:N`` (vLLM's ``return_tokens_as_token_ids``),
+for clients that need ids rather than text pieces that may not decode alone.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,9 @@ from typing import Any
 __all__ = ["chat_logprobs", "completion_logprobs"]
 
 
-def _token_text(token_id: int, entry: Any, tokenizer: Any) -> str:
+def _token_text(token_id: int, entry: Any, tokenizer: Any, as_ids: bool = False) -> str:
+    if as_ids:
+        return f"token_id:{token_id}"
     text = getattr(entry, "decoded_token", None)
     if text is None:
         text = tokenizer.decode([token_id])
@@ -20,19 +26,20 @@ def _ranked(position: dict[int, Any], top_n: int) -> list[tuple[int, Any]]:
 
 
 def completion_logprobs(token_ids: list[int], positions: list[dict[int, Any]], top_n: int,
-                        tokenizer: Any, text_offset: int = 0) -> dict[str, Any]:
+                        tokenizer: Any, text_offset: int = 0,
+                        as_ids: bool = False) -> dict[str, Any]:
     """The legacy completions shape: tokens, token_logprobs, top_logprobs, text_offset."""
     tokens, token_logprobs, tops, offsets = [], [], [], []
     offset = text_offset
     for token_id, position in zip(token_ids, positions, strict=False):
         entry = position[token_id]
-        text = _token_text(token_id, entry, tokenizer)
+        text = _token_text(token_id, entry, tokenizer, as_ids)
         tokens.append(text)
         token_logprobs.append(entry.logprob)
         offsets.append(offset)
         offset += len(text)
         if top_n:
-            top = {_token_text(t, e, tokenizer): e.logprob for t, e in _ranked(position, top_n)}
+            top = {_token_text(t, e, tokenizer, as_ids): e.logprob for t, e in _ranked(position, top_n)}
             top.setdefault(text, entry.logprob)
             tops.append(top)
         else:
@@ -42,18 +49,18 @@ def completion_logprobs(token_ids: list[int], positions: list[dict[int, Any]], t
 
 
 def chat_logprobs(token_ids: list[int], positions: list[dict[int, Any]], top_n: int,
-                  tokenizer: Any) -> dict[str, Any]:
+                  tokenizer: Any, as_ids: bool = False) -> dict[str, Any]:
     """The chat shape: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
     content = []
     for token_id, position in zip(token_ids, positions, strict=False):
         entry = position[token_id]
-        text = _token_text(token_id, entry, tokenizer)
+        text = _token_text(token_id, entry, tokenizer, as_ids)
         content.append({
             "token": text,
             "logprob": entry.logprob,
             "bytes": list(text.encode("utf-8")),
             "top_logprobs": [
-                {"token": (s := _token_text(t, e, tokenizer)), "logprob": e.logprob,
+                {"token": (s := _token_text(t, e, tokenizer, as_ids)), "logprob": e.logprob,
                  "bytes": list(s.encode("utf-8"))}
                 for t, e in _ranked(position, top_n)
             ],

@@ -8,7 +8,7 @@ clients written for other servers keep working. Range checks live in
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -67,6 +67,8 @@ class SamplingFields(_Body):
     user: str | None = None
     # vLLM's extension: the client picks the id (useful with /abort_requests).
     request_id: str | None = None
+    # vLLM's extension: logprobs name tokens "token_id:N" instead of their text.
+    return_tokens_as_token_ids: bool = False
 
     def check_common(self) -> None:
         if self.response_format is not None and self.response_format.get("type") != "text":
@@ -238,9 +240,6 @@ class AbortRequest(_Body):
 
 def _is_token(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-Kind = Literal["completions", "chat"]
 
 
 def parse_body(model_cls: type[_Body], data: Any) -> Any:

@@ -204,14 +204,20 @@ async def timed(serving: ModelServing, streams: list[AsyncIterator[RequestOutput
     """:func:`merged` with TTFT / inter-token latency and token counters recorded."""
     timers = [RequestTimer(serving.metrics, arrival) for _ in streams]
     finished = [False] * len(streams)
-    async with contextlib.aclosing(merged(streams)) as items:
-        async for index, output in items:
-            timers[index].observe(sum(len(o.token_ids) for o in output.outputs))
-            if output.finished and not finished[index]:
-                finished[index] = True
-                timers[index].finish(prompt_lens[index],
-                                     [o.finish_reason for o in output.outputs])
-            yield index, output
+    try:
+        async with contextlib.aclosing(merged(streams)) as items:
+            async for index, output in items:
+                timers[index].observe(sum(len(o.token_ids) for o in output.outputs))
+                if output.finished and not finished[index]:
+                    finished[index] = True
+                    timers[index].finish(prompt_lens[index],
+                                         [o.finish_reason for o in output.outputs])
+                yield index, output
+    finally:
+        # Closed early (client gone, error): those requests were aborted.
+        for index, done in enumerate(finished):
+            if not done:
+                timers[index].finish(prompt_lens[index], ["abort"])
 
 
 async def run_until_disconnected(request: Request, work: Awaitable[T]) -> T:

@@ -19,9 +19,20 @@ logger = logging.getLogger(__name__)
 DONE = b"data: [DONE]\n\n"
 
 
+# Characters that Python's str.splitlines (and so many line readers) treat as line
+# breaks. JSON allows them raw inside strings; escaping them keeps each event on one
+# line for every client. They can only occur inside JSON strings, so bytes-replacing is safe.
+_LINE_BREAKS = tuple((ch.encode(), f"\\u{ord(ch):04x}".encode())
+                     for ch in ("\u0085", "\u2028", "\u2029"))
+
+
 def sse(payload: dict[str, Any]) -> bytes:
     """One ``data: {...}`` event."""
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
+    data = orjson.dumps(payload)
+    for raw, escaped in _LINE_BREAKS:
+        if raw in data:
+            data = data.replace(raw, escaped)
+    return b"data: " + data + b"\n\n"
 
 
 def sse_error(exc: BaseException) -> bytes:
