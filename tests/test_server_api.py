@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import threading
 import time
 
@@ -15,7 +14,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from server_process import ServerProcess
+from inference_engine.testing import ServerProcess
 
 KEYS = ("key-one", "key-two")
 ORIGIN = "http://allowed.example"
@@ -420,5 +419,3 @@ def test_version(server):
 
     assert httpx.get(server.url + "/version", headers=auth()).json() == {"version": __version__}
 
-
-_ = signal  # used by other server test modules through ServerProcess.stop

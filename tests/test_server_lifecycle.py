@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from server_process import ServerProcess, run_cli
+from inference_engine.testing import ServerProcess, run_cli
 
 
 def test_enable_auth_without_a_key_fails_at_start(tiny_model_dirs):

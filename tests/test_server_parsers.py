@@ -10,8 +10,7 @@ import httpx
 import openai
 import pytest
 
-from inference_engine.testing import make_scripted_model
-from server_process import ServerProcess
+from inference_engine.testing import ServerProcess, make_scripted_model
 
 SCRIPT = ["<think>", "Let me", " check the weather.", "</think>", "\n\n", "Sure.",
           "\n<tool_call>\n", '{"name": "get_weather", ', '"arguments": {"city": ',

@@ -6,12 +6,29 @@ transformers model is saved next to it in Hugging Face layout.
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["SAMPLE_TEXT", "make_scripted_model", "make_tiny_model", "train_tiny_tokenizer"]
+__all__ = [
+    "SAMPLE_TEXT",
+    "ServerProcess",
+    "free_port",
+    "make_scripted_model",
+    "make_tiny_model",
+    "run_cli",
+    "train_tiny_tokenizer",
+]
 
 SAMPLE_TEXT = [
     "The quick brown fox jumps over the lazy dog.",
@@ -165,3 +182,72 @@ def word_level_tokenizer(vocab_size: int) -> Any:
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##")
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="w0")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """``inference-engine serve`` as a subprocess on a free loopback port (tests, benchmarks).
+
+    ``url`` is its base address, ``log()`` its output so far.
+    """
+
+    def __init__(self, model: str | Path, *args: str, env: dict[str, str] | None = None,
+                 startup_timeout: float = 120.0, kv_cache_memory: str = "16MiB",
+                 threads: int | None = 1) -> None:
+        """Args:
+            model: model folder to serve.
+            args: more ``serve`` flags.
+            env: extra environment variables.
+            startup_timeout: seconds to wait for ``/health``.
+            kv_cache_memory: ``--kv-cache-memory`` ("" for the engine's default).
+            threads: ``OMP_NUM_THREADS`` for the server (1 keeps tests from
+                fighting over cores; None leaves the default).
+        """
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+        command = [sys.executable, "-m", "inference_engine.cli", "serve", str(model),
+                   "--port", str(self.port), *args]
+        if kv_cache_memory:
+            command += ["--kv-cache-memory", kv_cache_memory]
+        threads_env = {"OMP_NUM_THREADS": str(threads)} if threads else {}
+        self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **threads_env, **(env or {})})
+        deadline = time.monotonic() + startup_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=1.0) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.2)
+        self.proc.kill()
+        raise RuntimeError(f"server did not start in {startup_timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return Path(self._log.name).read_text()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        """Signal the server and wait; returns its exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def run_cli(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    """Run ``inference-engine ARGS`` with this interpreter; output captured as text."""
+    return subprocess.run([sys.executable, "-m", "inference_engine.cli", *args],
+                          capture_output=True, text=True, timeout=timeout)
