@@ -141,6 +141,23 @@ def test_n_seed_stop_and_logprobs(server):
     assert all(t.top_logprobs[0].logprob >= t.logprob - 1e-6 for t in content)
 
 
+def test_several_prompts_echo_and_token_prompts(server, tokenizer):
+    c = client(server)
+    ids = tokenizer.encode("The quick brown")
+    out = c.completions.create(model=NAME, prompt=["The quick brown", "Once upon"], n=2,
+                               max_tokens=5, temperature=0, echo=True,
+                               extra_body={"ignore_eos": True})
+    assert [ch.index for ch in out.choices] == [0, 1, 2, 3]
+    assert out.choices[0].text.startswith("The quick brown")
+    assert out.choices[2].text.startswith("Once upon")
+    assert out.choices[0].text == out.choices[1].text  # greedy: both samples agree
+    by_ids = c.completions.create(model=NAME, prompt=ids, max_tokens=5, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    assert "The quick brown" + by_ids.choices[0].text == out.choices[0].text
+    assert out.usage.prompt_tokens == len(ids) + len(tokenizer.encode("Once upon"))
+    assert out.usage.completion_tokens == 20
+
+
 def test_64_concurrent_streams_match_one_by_one(server):
     prompts = [f"Continuous batching mixes {i} prefill chunks" * (1 + i % 3) for i in range(64)]
     body = {"temperature": 0, "max_tokens": 12, "logprobs": 0}
@@ -301,6 +318,10 @@ def test_abort_requests_during_16_streams(server):
         t.start()
     for e in events:
         assert e.wait(60)
+    # The event loop is not blocked by the engine working on 16 sequences.
+    began = time.monotonic()
+    assert httpx.get(server.url + "/health").status_code == 200
+    assert time.monotonic() - began < 1.0
     assert metrics(server)["kv_cache_usage_perc"] > 0
     r = httpx.post(server.url + "/abort_requests", json={}, headers=auth())
     assert r.status_code == 200 and len(r.json()["aborted"]) == 16
