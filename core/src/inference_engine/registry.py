@@ -59,11 +59,13 @@ KNOWN_PROVIDERS: dict[tuple[str, str], str] = {
     },
     **{
         ("tool_parsers", p): "inference-engine-parsers"
-        for p in ("qwen3", "qwen3_coder", "glm45", "glm47", "minimax_m2", "nemotron_v3")
+        for p in ("qwen3", "qwen3_coder", "glm45", "glm47", "minimax_m2", "nemotron_v2",
+                  "nemotron_v3", "deepseek_v31")
     },
     **{
         ("reasoning_parsers", p): "inference-engine-parsers"
-        for p in ("qwen3", "glm45", "minimax_m2", "nemotron_v3", "deepseek_r1")
+        for p in ("qwen3", "glm45", "minimax_m2", "minimax_m2_append_think", "nemotron_v3",
+                  "deepseek_r1", "deepseek_v3")
     },
 }
 
