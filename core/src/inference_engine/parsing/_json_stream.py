@@ -74,6 +74,9 @@ class JsonStreamer:
         self._stack: list[bool] = []  # True for an object, False for an array
         self._state = _VALUE
         self._in_key = False
+        # Characters of a number at the feed position already scanned while
+        # waiting for its end (so a long number is not re-scanned per delta).
+        self._num_scanned = 0
         # The first non-space character of the value once seen ("{", "[", '"', ...).
         self.first_char: str | None = None
         self.done = False
@@ -137,9 +140,11 @@ class JsonStreamer:
                     self._in_key = False
                     self._state = _STRING
                 elif c == "-" or "0" <= c <= "9":
-                    end = _NUM_CHARS.match(buf, i).end()
+                    end = _NUM_CHARS.match(buf, i + self._num_scanned).end()
                     if end >= n and not (eof and not self._stack):
+                        self._num_scanned = end - i
                         break  # the number may go on (or, at eof inside a container, fail below)
+                    self._num_scanned = 0
                     token = buf[i:end]
                     if not _NUMBER.match(token):
                         self.failed = True
@@ -247,9 +252,16 @@ def json_value(r: Reader, out: Callable[[str], None]) -> Step:
     valid JSON (``r`` then points at the offending character) or the stream
     ended inside it.
     """
-    streamer = JsonStreamer(out)
+    pending: list[str] = []
+    streamer = JsonStreamer(pending.append)
     while True:
         r.i = streamer.feed(r.buf, r.i, r.eof)
+        if pending:
+            # NOTE: written only once r.i is past the text they stand for, so a
+            # sink that notes r.pos (StreamingToolParser.call_args) knows where
+            # the sent text ends; the rest of a broken call goes to content.
+            out("".join(pending))
+            pending.clear()
         if streamer.done:
             return True
         if streamer.failed or r.eof:

@@ -11,6 +11,10 @@ NOTE: primitives never look behind ``r.i`` and consume only what they decided,
 so the unconsumed part of ``r.buf`` stays short (a held partial marker, a
 number not yet terminated). That keeps the work linear in the output length:
 nothing is re-scanned on later deltas except those few held characters.
+The lookaheads that must consume nothing when they fail (``match_after_ws``,
+``match_any_after_ws``, ``followed_by``) can meet a long run of whitespace;
+they consume a long run while they wait and :meth:`Reader.unread` it if they
+fail, so the run is neither re-scanned nor re-copied on every delta.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ Step = Generator[None, None, object]
 
 # JSON whitespace; also what the XML grammars skip between tags.
 _WS = re.compile(r"[ \t\n\r]*")
+# The longest whitespace run a waiting lookahead keeps in the buffer (see _take_ws).
+_MAX_HELD_WS = 64
 
 
 class MarkerSet:
@@ -118,6 +124,23 @@ class Reader:
         while log and log[0][0] + len(log[0][1]) <= keep_from:
             log.popleft()
 
+    def unread(self, text: str) -> None:
+        """Give back ``text``, the characters a primitive consumed just before ``i``.
+
+        Used by lookaheads that consume while waiting and must leave the
+        reader as they found it when they fail.
+        """
+        if not text:
+            return
+        if self.i >= len(text):
+            # NOTE: push() drops consumed text only when it appends, so the
+            # text is still in buf right before i exactly when i >= len(text).
+            self.i -= len(text)
+            return
+        self.buf = text + self.buf[self.i:]
+        self._base += self.i - len(text)
+        self.i = 0
+
     def raw(self, start: int, end: int) -> str:
         """Raw text between two absolute positions (must still be in the log)."""
         if end <= start:
@@ -140,6 +163,20 @@ def skip_ws(r: Reader) -> Step:
         if r.i < len(r.buf) or r.eof:
             return None
         yield
+
+
+def _take_ws(r: Reader, taken: list[str]) -> int:
+    """Where the whitespace at ``r.i`` ends; a long run is consumed into ``taken``.
+
+    A lookahead leaves a short run in the buffer (re-scanning and re-copying
+    it per delta is cheap) and consumes a longer one, keeping it in ``taken``
+    to :meth:`Reader.unread` if the lookahead fails.
+    """
+    j = _WS.match(r.buf, r.i).end()
+    if j - r.i > _MAX_HELD_WS:
+        taken.append(r.buf[r.i: j])
+        r.i = j
+    return j
 
 
 def peek(r: Reader) -> Step:
@@ -180,14 +217,16 @@ def match_any(r: Reader, literals: tuple[str, ...]) -> Step:
 
 def match_after_ws(r: Reader, literal: str) -> Step:
     """Consume optional whitespace plus ``literal`` if that comes next, else nothing."""
+    taken: list[str] = []
     while True:
+        j = _take_ws(r, taken)
         buf = r.buf
-        j = _WS.match(buf, r.i).end()
         avail = buf[j: j + len(literal)]
         if avail == literal:
             r.i = j + len(literal)
             return True
         if r.eof or (j < len(buf) and not literal.startswith(avail)):
+            r.unread("".join(taken))
             return False
         yield
 
@@ -196,9 +235,10 @@ def match_any_after_ws(r: Reader, literals: tuple[str, ...]) -> Step:
     """Consume optional whitespace plus whichever of ``literals`` follows; None (nothing
     consumed) if none does."""
     longest = max(len(lit) for lit in literals)
+    taken: list[str] = []
     while True:
+        j = _take_ws(r, taken)
         buf = r.buf
-        j = _WS.match(buf, r.i).end()
         for lit in literals:
             if buf.startswith(lit, j):
                 r.i = j + len(lit)
@@ -206,6 +246,7 @@ def match_any_after_ws(r: Reader, literals: tuple[str, ...]) -> Step:
         avail = buf[j: j + longest]
         if r.eof or (j < len(buf) and not any(
                 len(avail) < len(lit) and lit.startswith(avail) for lit in literals)):
+            r.unread("".join(taken))
             return None
         yield
 
@@ -217,14 +258,15 @@ def followed_by(r: Reader, follows: tuple[str, ...]) -> Step:
     """
     if "" in follows:
         return True
+    longest = max((len(f) for f in follows), default=1)
+    taken: list[str] = []
     while True:
-        buf = r.buf
-        j = _WS.match(buf, r.i).end()
-        avail = buf[j:]
-        if any(avail.startswith(f) for f in follows):
-            return True
-        if r.eof or (avail and not any(f.startswith(avail) for f in follows)):
-            return False
+        j = _take_ws(r, taken)
+        avail = r.buf[j: j + longest]
+        is_match = any(avail.startswith(f) for f in follows)
+        if is_match or r.eof or (avail and not any(f.startswith(avail) for f in follows)):
+            r.unread("".join(taken))
+            return is_match
         yield
 
 

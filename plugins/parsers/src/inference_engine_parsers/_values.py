@@ -69,6 +69,10 @@ class StringValue:
     ``\\n``) or ``"all"`` (``str.strip``). A value equal (any case) to one of
     ``null_words`` after stripping is written as ``null``, so the opening quote
     is held while the text could still become one.
+
+    NOTE: the text that the trailing strip could still remove is held as a
+    list of pieces and written once non-space text follows it, so a long run
+    of whitespace costs linear work, not a re-strip per delta.
     """
 
     def __init__(self, out: Callable[[str], None], strip: str = "none",
@@ -78,18 +82,20 @@ class StringValue:
         self._null_words = null_words
         self._is_lead_done = strip == "none"
         self._is_started = False
-        self._held = ""
+        # Before the opening quote: the text so far minus the held tail; it is
+        # short, since the quote opens once it cannot be a null word.
+        self._head = ""
+        # The suffix the trailing strip may remove (pieces, joined when released).
+        self._tail: list[str] = []
 
-    def _rstrip(self, text: str) -> str:
+    def _split_tail(self, text: str) -> tuple[str, str]:
+        """(text, "") or (body, suffix) where ``suffix`` is what the trailing strip removes."""
         if self._strip == "newline":
-            return text[:-1] if text.endswith("\n") else text
+            return (text[:-1], "\n") if text.endswith("\n") else (text, "")
         if self._strip == "all":
-            return text.rstrip()
-        return text
-
-    def _could_be_null(self) -> bool:
-        text = self._rstrip(self._held).lower()
-        return any(word.startswith(text) for word in self._null_words)
+            body = text.rstrip()
+            return body, text[len(body):]
+        return text, ""
 
     def feed(self, text: str) -> None:
         """Take the next piece of the raw value."""
@@ -104,29 +110,41 @@ class StringValue:
                 if not text:
                     return
             self._is_lead_done = True
-            if not text:
-                return
-        self._held += text
+        if not text:
+            return
+        body, suffix = self._split_tail(text)
+        if not body and self._strip == "all":
+            self._tail.append(suffix)  # still only whitespace: keep holding
+            return
+        # Non-space text (or, for "newline", a second "\n") follows the held
+        # tail, so the tail is part of the value after all.
+        ready = "".join(self._tail) + body
+        self._tail = [suffix] if suffix else []
+        if ready:
+            self._write(ready)
+
+    def _write(self, text: str) -> None:
         if not self._is_started:
+            self._head += text
             if self._null_words and self._could_be_null():
                 return
             self._is_started = True
+            text, self._head = self._head, ""
             self._out('"')
-        keep = len(self._held) - len(self._rstrip(self._held))
-        ready = self._held[: len(self._held) - keep]
-        self._held = self._held[len(ready):]
-        if ready:
-            self._out(_encode(ready)[1:-1])
+        self._out(_encode(text)[1:-1])
+
+    def _could_be_null(self) -> bool:
+        head = self._head.lower()
+        return any(word.startswith(head) for word in self._null_words)
 
     def finish(self) -> None:
-        """The raw value ended: write the rest."""
-        final = self._rstrip(self._held)
+        """The raw value ended: write the rest (the held tail is stripped)."""
         if not self._is_started:
-            if self._null_words and final.lower() in self._null_words:
+            if self._null_words and self._head.lower() in self._null_words:
                 self._out("null")
                 return
-            self._out('"')
-        self._out(_encode(final)[1:-1] + '"')
+            self._out('"' + _encode(self._head)[1:-1])
+        self._out('"')
 
 
 class HeldValue:
