@@ -161,7 +161,7 @@ def make_scripted_model(path: str | Path, script: list[str], seed: int = 0,
             layer.self_attn.o_proj.weight.zero_()
             layer.mlp.down_proj.weight.zero_()
         head = torch.zeros(len(tokenizer), hidden_size)
-        for prev, nxt in zip(chain, chain[1:]):
+        for prev, nxt in zip(chain, chain[1:], strict=False):
             # logit(nxt | prev) = 40; other tokens get 40 * cos(embeddings) (|cos| << 1).
             head[nxt] += 40.0 * embed[prev] / hidden_size
         model.lm_head.weight.copy_(head)

@@ -39,7 +39,8 @@ def completion_logprobs(token_ids: list[int], positions: list[dict[int, Any]], t
         offsets.append(offset)
         offset += len(text)
         if top_n:
-            top = {_token_text(t, e, tokenizer, as_ids): e.logprob for t, e in _ranked(position, top_n)}
+            top = {_token_text(t, e, tokenizer, as_ids): e.logprob
+                   for t, e in _ranked(position, top_n)}
             top.setdefault(text, entry.logprob)
             tops.append(top)
         else:

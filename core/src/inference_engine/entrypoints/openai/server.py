@@ -7,8 +7,6 @@ import logging
 import signal
 import threading
 from collections.abc import Iterator
-from typing import Any
-
 import uvicorn
 
 from inference_engine.config import EngineConfig, ServerConfig
@@ -72,7 +70,3 @@ def run_server(engine_config: EngineConfig, config: ServerConfig,
         if engine.is_running:
             engine.shutdown()
 
-
-def serve_kwargs(**kwargs: Any) -> dict[str, Any]:
-    """Engine keywords with the server's ``None`` defaults dropped."""
-    return {k: v for k, v in kwargs.items() if v is not None}

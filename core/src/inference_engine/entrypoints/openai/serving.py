@@ -163,7 +163,9 @@ class ModelServing:
         return streams
 
 
-async def merged(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
+async def merged(
+    streams: list[AsyncIterator[RequestOutput]],
+) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Interleave several output streams as items arrive; closing this closes them all."""
     if len(streams) == 1:
         async with contextlib.aclosing(streams[0]) as only:  # type: ignore[type-var]
