@@ -16,6 +16,7 @@ from inference_engine.entrypoints.openai.errors import APIError, JSONResponse
 from inference_engine.entrypoints.openai.logprobs_format import chat_logprobs
 from inference_engine.entrypoints.openai.protocol import ChatCompletionRequest
 from inference_engine.entrypoints.openai.serving import (
+    ChoiceCursor,
     EngineRequest,
     ModelServing,
     run_until_disconnected,
@@ -203,8 +204,7 @@ class _Chat:
     async def events(self, items: AsyncIterator[tuple[int, RequestOutput]],
                      pipelines: list[ParserPipeline | None]) -> AsyncIterator[bytes]:
         n = self.body.n
-        sent_text = [0] * n
-        sent_tokens = [0] * n
+        cursors = [ChoiceCursor() for _ in range(n)]
         has_calls = [False] * n
         final: RequestOutput | None = None
         try:
@@ -222,15 +222,10 @@ class _Chat:
                     choices = []
                     for completion in output.outputs:
                         i = completion.index
-                        text = completion.text[sent_text[i]:]
-                        tokens = completion.token_ids[sent_tokens[i]:]
-                        if not text and not tokens and not completion.finished:
+                        step = cursors[i].advance(completion)
+                        if step is None:
                             continue
-                        positions = None
-                        if completion.logprobs is not None:
-                            positions = completion.logprobs[sent_tokens[i]:]
-                        sent_text[i] = len(completion.text)
-                        sent_tokens[i] = len(completion.token_ids)
+                        text, tokens, positions = step.text, step.token_ids, step.logprobs
                         pipeline = pipelines[i]
                         if pipeline is None:
                             delta: dict[str, Any] | None = {"content": text} if text else None

@@ -14,6 +14,7 @@ from inference_engine.entrypoints.openai.errors import APIError, JSONResponse
 from inference_engine.entrypoints.openai.logprobs_format import completion_logprobs
 from inference_engine.entrypoints.openai.protocol import CompletionRequest
 from inference_engine.entrypoints.openai.serving import (
+    ChoiceCursor,
     EngineRequest,
     ModelServing,
     run_until_disconnected,
@@ -140,8 +141,7 @@ class _Completion:
 
     async def events(self, items: AsyncIterator[tuple[int, RequestOutput]]) -> AsyncIterator[bytes]:
         n = self.body.n
-        sent_text = [[0] * n for _ in self.requests]
-        sent_tokens = [[0] * n for _ in self.requests]
+        cursors = [[ChoiceCursor() for _ in range(n)] for _ in self.requests]
         echoed = [[not self.body.echo] * n for _ in self.requests]
         finals: list[RequestOutput | None] = [None] * len(self.requests)
         try:
@@ -155,21 +155,15 @@ class _Completion:
                     choices = []
                     for completion in output.outputs:
                         i = completion.index
-                        text = completion.text[sent_text[index][i]:]
-                        tokens = completion.token_ids[sent_tokens[index][i]:]
-                        if not text and not tokens and not completion.finished:
+                        delta = cursors[index][i].advance(completion)
+                        if delta is None:
                             continue
-                        positions = None
-                        if completion.logprobs is not None:
-                            positions = completion.logprobs[sent_tokens[index][i]:]
-                        offset = sent_text[index][i]
+                        text = delta.text
                         if not echoed[index][i]:
                             text = self._prompt_text(index) + text
                             echoed[index][i] = True
-                        choices.append(self._choice(index, completion, text, tokens,
-                                                    positions, offset))
-                        sent_text[index][i] = len(completion.text)
-                        sent_tokens[index][i] = len(completion.token_ids)
+                        choices.append(self._choice(index, completion, text, delta.token_ids,
+                                                    delta.logprobs, delta.text_offset))
                     if choices:
                         chunk = self._header()
                         chunk["choices"] = choices

@@ -18,10 +18,13 @@ from inference_engine.engine.async_client import AsyncLLM, EngineDeadError
 from inference_engine.entrypoints.openai.errors import APIError
 from inference_engine.entrypoints.openai.metrics import RequestTimer, ServerMetrics
 from inference_engine.entrypoints.openai.protocol import SamplingFields
-from inference_engine.outputs import RequestOutput
+from inference_engine.outputs import CompletionOutput, RequestOutput
 from inference_engine.sampling_params import SamplingParams
 
-__all__ = ["EngineRequest", "ModelServing", "merged", "run_until_disconnected", "timed"]
+__all__ = [
+    "ChoiceCursor",
+    "ChoiceDelta",
+    "EngineRequest", "ModelServing", "merged", "run_until_disconnected", "timed"]
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +32,37 @@ T = TypeVar("T")
 
 # Sampling fields a model's generation_config.json may set as request defaults (vLLM does too).
 _GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+@dataclass
+class ChoiceDelta:
+    """What one choice gained since the last chunk."""
+
+    text: str
+    token_ids: list[int]
+    # Logprobs of those tokens, or None when the request asked for none.
+    logprobs: list[Any] | None
+    # Characters of the choice's text sent before this delta.
+    text_offset: int
+
+
+class ChoiceCursor:
+    """How much of one streamed choice has been sent; outputs are cumulative."""
+
+    def __init__(self) -> None:
+        self.text = 0
+        self.tokens = 0
+
+    def advance(self, completion: CompletionOutput) -> ChoiceDelta | None:
+        """The unsent part of ``completion``; None when nothing new (and not finished)."""
+        text = completion.text[self.text:]
+        tokens = completion.token_ids[self.tokens:]
+        if not text and not tokens and not completion.finished:
+            return None
+        logprobs = None if completion.logprobs is None else completion.logprobs[self.tokens:]
+        delta = ChoiceDelta(text, tokens, logprobs, self.text)
+        self.text, self.tokens = len(completion.text), len(completion.token_ids)
+        return delta
 
 
 @dataclass
