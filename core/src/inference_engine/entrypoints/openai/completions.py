@@ -116,15 +116,20 @@ class _Completion:
         return {"id": self.request_id, "object": obj, "created": self.created,
                 "model": self.serving.model_name}
 
+    def _note(self, index: int, output: RequestOutput,
+              finals: list[RequestOutput | None]) -> None:
+        """Keep a prompt's final output; an engine-side error ends the response."""
+        if output.finished:
+            self.finished.add(index)
+            finals[index] = output
+            if output.error:
+                raise APIError(output.error)
+
     async def whole(self, items: AsyncIterator[tuple[int, RequestOutput]]) -> dict[str, Any]:
         finals: list[RequestOutput | None] = [None] * len(self.requests)
         async with contextlib.aclosing(items):  # type: ignore[type-var]
             async for index, output in items:
-                if output.finished:
-                    self.finished.add(index)
-                    finals[index] = output
-                    if output.error:
-                        raise APIError(output.error)
+                self._note(index, output, finals)
         choices = []
         for index, output in enumerate(finals):
             assert output is not None
@@ -147,11 +152,7 @@ class _Completion:
         try:
             async with contextlib.aclosing(items):  # type: ignore[type-var]
                 async for index, output in items:
-                    if output.finished:
-                        self.finished.add(index)
-                        finals[index] = output
-                        if output.error:
-                            raise APIError(output.error)
+                    self._note(index, output, finals)
                     choices = []
                     for completion in output.outputs:
                         i = completion.index
