@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from inference_engine.interfaces.parsers import CallOpener, ParsedDelta, ReasoningParser
+from inference_engine.parsing._driver import ReaderDriven
 from inference_engine.parsing._reader import (
     MarkerSet,
     Reader,
@@ -28,7 +29,7 @@ from inference_engine.parsing._reader import (
 __all__ = ["ThinkReasoningParser"]
 
 
-class ThinkReasoningParser(ReasoningParser):
+class ThinkReasoningParser(ReaderDriven, ReasoningParser):
     """Reasoning between think markers; subclasses set the class attributes."""
 
     start_marker = "<think>"
@@ -68,19 +69,12 @@ class ThinkReasoningParser(ReasoningParser):
 
     def feed(self, text: str, token_ids: Sequence[int] = ()) -> ParsedDelta:
         """Consume one text delta; return the reasoning/content now certain."""
-        if self._is_finished:
-            raise RuntimeError("feed() after finish()")
-        if text:
-            self._reader.push(text)
-            self._step()
+        self._feed_text(text)
         return self._take()
 
     def finish(self) -> ParsedDelta:
         """End of stream: flush anything held back."""
-        if not self._is_finished:
-            self._is_finished = True
-            self._reader.eof = True
-            self._step()
+        if self._end_stream():
             if self._is_swap_pending:  # no content came: the reasoning is the content
                 self._is_swap_pending = False
                 self._content.extend(self._held_reasoning + self._held_content)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from inference_engine.interfaces.parsers import ParsedDelta, ToolCallDelta, ToolParser
+from inference_engine.parsing._driver import ReaderDriven
 from inference_engine.parsing._reader import MarkerSet, Reader, Step, until
 
 __all__ = ["DELIVERY_MODES", "StreamingToolParser", "new_call_id", "tool_schemas"]
@@ -58,7 +59,7 @@ def tool_schemas(tools: Sequence[Any] | None) -> dict[str, dict[str, Any]]:
     return schemas
 
 
-class StreamingToolParser(ToolParser):
+class StreamingToolParser(ReaderDriven, ToolParser):
     """Drives a block grammar over the content stream; see the module docstring."""
 
     # Markers that open a block in content (the grammar sees which one matched).
@@ -94,19 +95,12 @@ class StreamingToolParser(ToolParser):
 
     def feed(self, text: str, token_ids: Sequence[int] = ()) -> ParsedDelta:
         """Consume one content delta; return content and tool-call deltas now certain."""
-        if self._is_finished:
-            raise RuntimeError("feed() after finish()")
-        if text:
-            self._reader.push(text)
-            self._step()
+        self._feed_text(text)
         return self._take()
 
     def finish(self) -> ParsedDelta:
         """End of stream: flush held text; unfinished blocks become content."""
-        if not self._is_finished:
-            self._is_finished = True
-            self._reader.eof = True
-            self._step()
+        self._end_stream()
         return self._take()
 
     def _step(self) -> None:
