@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from inference_engine.builtin.attention.common import (
+    attend_sequence,
     causal_mask,
     gather_blocks,
     gather_context,
@@ -51,24 +52,17 @@ class PagedAttentionBackend(AttentionBackend):
         for i in range(num_decodes, metadata.num_seqs):
             start, end = starts[i], starts[i + 1]
             seq_len = metadata.seq_lens_list[i]
-            q = query[start:end].transpose(0, 1)
+            q = query[start:end]
             if seq_len == end - start and self.sliding_window is None:
                 # Nothing cached before this chunk: attend the new keys directly.
-                k = key[start:end].transpose(0, 1)
-                v = value[start:end].transpose(0, 1)
-                o = F.scaled_dot_product_attention(
-                    q, k, v, is_causal=True, scale=self.scale, enable_gqa=gqa
-                )
+                out[start:end] = attend_sequence(q, key[start:end], value[start:end], self.scale)
             else:
                 table = metadata.block_tables[i]
                 bs = metadata.block_size
-                k = gather_context(k_cache, table, seq_len, bs).to(query.dtype).transpose(0, 1)
-                v = gather_context(v_cache, table, seq_len, bs).to(query.dtype).transpose(0, 1)
+                k = gather_context(k_cache, table, seq_len, bs).to(query.dtype)
+                v = gather_context(v_cache, table, seq_len, bs).to(query.dtype)
                 mask = causal_mask(end - start, seq_len, query.device, self.sliding_window)
-                o = F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=gqa
-                )
-            out[start:end] = o.transpose(0, 1)
+                out[start:end] = attend_sequence(q, k, v, self.scale, mask)
         return out.view(query.shape[0], self.num_heads * self.head_dim)
 
     def _decode(

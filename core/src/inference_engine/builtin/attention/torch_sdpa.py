@@ -6,9 +6,13 @@ Slow but plain; the paged backend is checked against it.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from inference_engine.builtin.attention.common import causal_mask, gather_context, write_kv
+from inference_engine.builtin.attention.common import (
+    attend_sequence,
+    causal_mask,
+    gather_context,
+    write_kv,
+)
 from inference_engine.interfaces.attention import AttentionBackend, AttentionMetadata
 
 __all__ = ["TorchSDPABackend"]
@@ -38,15 +42,6 @@ class TorchSDPABackend(AttentionBackend):
             table = metadata.block_tables[i]
             k = gather_context(k_cache, table, seq_len, metadata.block_size).to(query.dtype)
             v = gather_context(v_cache, table, seq_len, metadata.block_size).to(query.dtype)
-            q = query[start:end]
             mask = causal_mask(end - start, seq_len, query.device, self.sliding_window)
-            o = F.scaled_dot_product_attention(
-                q.transpose(0, 1),
-                k.transpose(0, 1),
-                v.transpose(0, 1),
-                attn_mask=mask,
-                scale=self.scale,
-                enable_gqa=self.num_kv_heads != self.num_heads,
-            )
-            out[start:end] = o.transpose(0, 1)
+            out[start:end] = attend_sequence(query[start:end], k, v, self.scale, mask)
         return out.view(query.shape[0], self.num_heads * self.head_dim)
