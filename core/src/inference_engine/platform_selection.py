@@ -5,7 +5,9 @@ from __future__ import annotations
 from inference_engine.interfaces.platform import Platform
 from inference_engine.plugins import get_plugins
 
-__all__ = ["select_platform"]
+__all__ = ["current_platform", "select_platform", "set_current_platform"]
+
+_CURRENT: Platform | None = None
 
 
 def select_platform(name: str | None = None, device_ids: list[int] | None = None) -> Platform:
@@ -31,3 +33,20 @@ def select_platform(name: str | None = None, device_ids: list[int] | None = None
             continue
     candidates.sort(key=lambda c: c.priority, reverse=True)
     return candidates[0](device_ids)
+
+
+def current_platform() -> Platform:
+    """The platform this process runs on: the engine's, else the auto-selected one.
+
+    Kernels that are not handed a platform (tuning lookups) ask here.
+    """
+    global _CURRENT
+    if _CURRENT is None:
+        _CURRENT = select_platform()
+    return _CURRENT
+
+
+def set_current_platform(platform: Platform | None) -> None:
+    """Make ``platform`` the process's current one (the engine at start; tests)."""
+    global _CURRENT
+    _CURRENT = platform

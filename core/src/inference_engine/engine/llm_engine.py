@@ -17,7 +17,7 @@ from inference_engine.engine.model_runner import ModelRunner
 from inference_engine.engine.request import FinishReason, Request
 from inference_engine.engine.scheduler import Scheduler, SchedulerOutput
 from inference_engine.outputs import CompletionOutput, RequestOutput
-from inference_engine.platform_selection import select_platform
+from inference_engine.platform_selection import select_platform, set_current_platform
 from inference_engine.sampling_params import SamplingParams
 
 __all__ = ["LLMEngine", "PromptInput"]
@@ -49,6 +49,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, show_progress: bool = True) -> None:
         self.config = config
         self.platform = select_platform(config.parallel.platform, config.parallel.device_ids)
+        set_current_platform(self.platform)
         self.platform.set_up_process()
         if config.model.seed is not None:
             torch.manual_seed(config.model.seed)

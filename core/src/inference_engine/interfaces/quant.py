@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from inference_engine.interfaces.platform import Platform
 
 __all__ = ["QuantMethod"]
 
@@ -56,3 +59,12 @@ class QuantMethod(ABC):
     def weight_memory_bytes(self, layer: nn.Module) -> int:
         """Bytes the layer's weights occupy at run time."""
         return sum(p.numel() * p.element_size() for p in layer.parameters(recurse=False))
+
+    @classmethod
+    def kernel_for(cls, platform: Platform) -> str:
+        """Short human name of the matmul path this method would use on ``platform``.
+
+        Shown by ``inference-engine env``; methods with device-specific kernels
+        override it (e.g. ``"torch._scaled_mm"``, ``"triton fp8 block GEMM"``).
+        """
+        return "unquantized torch matmul"
