@@ -1,0 +1,1 @@
+"""Triton kernels of the quantization methods; each has a plain-PyTorch reference."""
