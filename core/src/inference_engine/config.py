@@ -21,6 +21,8 @@ __all__ = [
     "SpeculativeConfig",
     "api_key_from_env",
     "plugin_filter_from_env",
+    "simulated_devices_from_env",
+    "visible_devices_from_env",
 ]
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -32,6 +34,25 @@ def plugin_filter_from_env() -> list[str] | None:
     if value is None or not value.strip():
         return None
     return [name.strip() for name in value.split(",") if name.strip()]
+
+
+def simulated_devices_from_env() -> str | None:
+    """``INFERENCE_ENGINE_SIMULATED_DEVICES=h100:2`` describes a simulated machine (None: real).
+
+    For ``env`` and platform selection on machines without the hardware; see
+    docs/platforms.md. ``none`` simulates a CPU-only machine.
+    """
+    value = os.environ.get("INFERENCE_ENGINE_SIMULATED_DEVICES")
+    return None if value is None else value.strip()
+
+
+def visible_devices_from_env(names: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The ``*_VISIBLE_DEVICES``-style variables among ``names`` that are set, with values.
+
+    The engine never sets these; when one is set, ``--device-ids`` index the
+    devices it leaves visible.
+    """
+    return [(name, os.environ[name]) for name in names if name in os.environ]
 
 
 def api_key_from_env() -> str | None:
@@ -157,16 +178,27 @@ class ParallelConfig:
     """Devices and parallelism (tensor/expert parallelism come later)."""
 
     tensor_parallel_size: int = 1
-    # Device indices to use (``--device-ids 0,1``); CUDA_VISIBLE_DEVICES is never set.
-    device_ids: list[int] | None = None
+    # Device indices to use (``--device-ids 0,1`` or "0,1"); CUDA_VISIBLE_DEVICES is never set.
+    device_ids: list[int] | str | None = None
     # Force a platform by name (``--platform``); None: the present one with top priority.
     platform: str | None = None
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size != 1:
             raise ValueError("--tensor-parallel-size > 1 is not supported yet")
-        if self.device_ids is not None and any(i < 0 for i in self.device_ids):
-            raise ValueError(f"--device-ids must be non-negative, got {self.device_ids}")
+        if self.device_ids is not None:
+            from inference_engine.device_ids import parse_device_ids
+
+            # Accepts "0,2" or [0, 2]; raises for non-integers, negatives, repeats.
+            self.device_ids = parse_device_ids(self.device_ids)
+        if self.device_ids and len(self.device_ids) != self.tensor_parallel_size:
+            raise ValueError(
+                f"--device-ids {','.join(map(str, self.device_ids))} names "
+                f"{len(self.device_ids)} devices, but one worker drives one device and "
+                f"tensor_parallel_size is {self.tensor_parallel_size} (tensor parallelism is "
+                f"not supported yet); pass one id per worker, e.g. --device-ids "
+                f"{self.device_ids[-1]}"
+            )
 
 
 @dataclass

@@ -2,25 +2,11 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from inference_engine.interfaces.platform import Platform
 
 __all__ = ["CpuPlatform"]
-
-
-def _meminfo() -> tuple[int, int]:
-    values: dict[str, int] = {}
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                key, _, rest = line.partition(":")
-                values[key] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        return (0, 0)
-    return (values.get("MemAvailable", 0), values.get("MemTotal", 0))
 
 
 def _keep_large_allocations_on_heap() -> None:
@@ -55,15 +41,16 @@ class CpuPlatform(Platform):
     device_type = "cpu"
     priority = 0
 
+    device_info_kind = "cpu"
+
     @classmethod
     def is_present(cls) -> bool:
         return True
 
-    def device_name(self, index: int = 0) -> str:
-        return f"cpu ({os.cpu_count()} cores)"
+    def arch_name(self) -> str:
+        import platform
 
-    def memory_info(self) -> tuple[int, int]:
-        return _meminfo()
+        return platform.machine()
 
     def supported_dtypes(self) -> list[torch.dtype]:
         # float16 works but is ~1000x slower than bfloat16 on most CPUs.
@@ -80,3 +67,7 @@ class CpuPlatform(Platform):
         # Denormals slow tiny fp32 models several-fold.
         torch.set_flush_denormal(True)
         _keep_large_allocations_on_heap()
+
+    def supports_triton(self) -> bool:
+        # Triton has no CPU code generator; TRITON_INTERPRET=1 (tests) is not a backend.
+        return False

@@ -1,48 +1,128 @@
-"""The NVIDIA CUDA platform (not ROCm: that build reports torch.version.hip)."""
+"""The NVIDIA CUDA platform (not ROCm: that build reports torch.version.hip).
+
+Capability families it distinguishes (``cuda_family()``):
+
+========  ============================  =====================================
+family    capability (examples)         what changes
+========  ============================  =====================================
+sm75      7.5 (T4, RTX 20xx)            fp16 only, no bf16 tensor cores
+sm80      8.0, 8.6, 8.7 (A100, A10)     bf16; no FP8 math (FP8 weights dequantize)
+sm89      8.9 (L4, RTX 4090)            FP8 E4M3 math: torch._scaled_mm, Triton fp8 dot
+sm90      9.0 (H100, H200)              FP8 as sm89, large shared memory
+sm100     10.x, 11.x (B200, GB200)      + FP4 (NVFP4/MXFP4 block-scaled)
+sm120     12.x (RTX 5090, RTX PRO 6000) FP8 and FP4, but ~99 KiB shared memory
+========  ============================  =====================================
+"""
 
 from __future__ import annotations
 
 import torch
 
-from inference_engine.interfaces.platform import Platform
+from inference_engine.device_info import DeviceInfoSource, TorchCudaDeviceInfo
+from inference_engine.interfaces.platform import (
+    KERNEL_SCALED_MM_FP4,
+    KERNEL_SCALED_MM_FP8,
+    KERNEL_TRITON_FP8,
+    KERNEL_TRITON_FP8_BLOCK,
+    KERNEL_TRITON_MXFP4,
+    Platform,
+)
 
-__all__ = ["CudaPlatform"]
+__all__ = ["CudaPlatform", "cuda_family"]
+
+MIN_CAPABILITY = (7, 5)
+
+
+def cuda_family(capability: tuple[int, int]) -> str:
+    """The capability family name (table above); ``"sm70"`` and older are reported as is."""
+    major, minor = capability
+    if capability < MIN_CAPABILITY:
+        return f"sm{major}{minor}"
+    if major == 7:
+        return "sm75"
+    if capability < (8, 9):
+        return "sm80"
+    if major == 8:
+        return "sm89"
+    if major == 9:
+        return "sm90"
+    if major in (10, 11):
+        return "sm100"
+    return "sm120"
+
+
+def _triton_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None
 
 
 class CudaPlatform(Platform):
     name = "cuda"
     device_type = "cuda"
     priority = 10
+    device_info_kind = "cuda"
+    visible_devices_env_vars = ("CUDA_VISIBLE_DEVICES",)
 
     @classmethod
-    def is_present(cls) -> bool:
-        return torch.version.hip is None and torch.cuda.is_available()
+    def make_device_info(cls) -> DeviceInfoSource:
+        return TorchCudaDeviceInfo(hip=False)
 
-    def device_count(self) -> int:
-        return len(self.device_ids)
-
-    def device_name(self, index: int = 0) -> str:
-        return torch.cuda.get_device_name(self.device_ids[index])
+    @classmethod
+    def absence_reason(cls) -> str:
+        if cls.device_info().simulated:
+            return "the simulated machine has no NVIDIA GPU"
+        if torch.version.hip is not None:
+            return f"torch {torch.__version__} is a ROCm build; use --platform rocm"
+        if torch.version.cuda is None:
+            return f"torch {torch.__version__} is built without CUDA"
+        return "torch.cuda.is_available() is False (no GPU or no driver)"
 
     def capability(self) -> tuple[int, int]:
-        return torch.cuda.get_device_capability(self.device_ids[0])
+        cap = self.properties().capability
+        if cap is None:
+            raise RuntimeError(f"device {self.device_ids[0]} reports no compute capability")
+        return cap
+
+    def cuda_family(self) -> str:
+        return cuda_family(self.capability())
 
     def arch_name(self) -> str:
         major, minor = self.capability()
         return f"sm{major}{minor}"
 
-    def memory_info(self) -> tuple[int, int]:
-        return torch.cuda.mem_get_info(self.device_ids[0])
-
     def supported_dtypes(self) -> list[torch.dtype]:
-        major, _ = self.capability()
-        dtypes = [torch.float32, torch.float16]
-        if major >= 8:
-            dtypes.insert(1, torch.bfloat16)
-        return dtypes
+        if self.capability() >= (8, 0):
+            return [torch.bfloat16, torch.float16, torch.float32]
+        return [torch.float16, torch.float32]
 
     def fp8_dtype(self) -> torch.dtype | None:
         return torch.float8_e4m3fn if self.capability() >= (8, 9) else None
 
     def supports_fp4(self) -> bool:
         return self.capability()[0] >= 10
+
+    def supports_triton(self) -> bool:
+        return self.capability() >= MIN_CAPABILITY and _triton_importable()
+
+    def fp8_gemm_kernels(self) -> list[str]:
+        if self.fp8_dtype() is None:
+            return []
+        kernels = [KERNEL_SCALED_MM_FP8]
+        if self.supports_triton():
+            kernels += [KERNEL_TRITON_FP8, KERNEL_TRITON_FP8_BLOCK]
+        return kernels
+
+    def fp4_gemm_kernels(self) -> list[str]:
+        if not self.supports_fp4():
+            return []
+        kernels = [KERNEL_SCALED_MM_FP4]
+        if self.supports_triton():
+            kernels.append(KERNEL_TRITON_MXFP4)
+        return kernels
+
+    def describe(self) -> dict:
+        described = super().describe()
+        described["cuda_family"] = self.cuda_family()
+        described["shared_memory_per_block"] = self.properties().shared_memory_per_block
+        return described
