@@ -50,6 +50,14 @@ class QuantMethod(ABC):
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Convert loaded weights to their runtime form (repack, quantize online)."""
 
+    def process_model_after_loading(self, model: nn.Module) -> None:
+        """Whole-model step after every layer's weights are processed.
+
+        Called once by the loader. A method that also covers modules other than
+        linear layers (the GGUF method keeps the token embedding and LM head in
+        their quantized blocks) converts or swaps them here; the default does nothing.
+        """
+
     @abstractmethod
     def apply(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
@@ -59,6 +67,13 @@ class QuantMethod(ABC):
     def weight_memory_bytes(self, layer: nn.Module) -> int:
         """Bytes the layer's weights occupy at run time."""
         return sum(p.numel() * p.element_size() for p in layer.parameters(recurse=False))
+
+    def fused_moe_method(self, prefix: str) -> Any | None:
+        """The :class:`~inference_engine.layers.moe.method.FusedMoEMethod` for one MoE layer.
+
+        None (the default) keeps that layer's experts unquantized in the compute dtype.
+        """
+        return None
 
     @classmethod
     def kernel_for(cls, platform: Platform) -> str:

@@ -10,7 +10,7 @@ so checkpoint names map onto parameters directly, fused layers aside.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,17 +46,37 @@ class DecoderOptions:
     qkv_bias: bool
     o_bias: bool
     mlp_bias: bool
+    # q/k norm per head ("head") or over all heads at once ("all_heads", MiniMax-M2).
+    qk_norm_scope: str = "head"
+    # Builds layer i's MLP (MoE blocks); None or a None result: the dense GatedMLP.
+    make_mlp: Callable[[ModelContext, str, int], nn.Module | None] | None = None
+    # The MLP's module name in checkpoints ("mlp"; Mixtral-style "block_sparse_moe").
+    mlp_name: str = "mlp"
+    # Granite's scalings (1.0 / None elsewhere): embeddings, each residual branch,
+    # the attention softmax scale (None: head_dim ** -0.5) and the logits divisor.
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    attention_multiplier: float | None = None
+    logits_scaling: float = 1.0
 
     @classmethod
     def resolve(cls, config: Any, qk_norm: bool, qkv_bias: bool | None,
-                o_bias: bool | None) -> DecoderOptions:
-        """None for a bias takes ``config.attention_bias``; MLP bias is ``config.mlp_bias``."""
+                o_bias: bool | None, **extra: Any) -> DecoderOptions:
+        """None for a bias takes ``config.attention_bias``; MLP bias is ``config.mlp_bias``.
+
+        Granite's multipliers are read from the config when it has them.
+        """
         attention_bias = bool(getattr(config, "attention_bias", False))
         return cls(
             qk_norm=qk_norm,
             qkv_bias=attention_bias if qkv_bias is None else qkv_bias,
             o_bias=attention_bias if o_bias is None else o_bias,
             mlp_bias=bool(getattr(config, "mlp_bias", False)),
+            embedding_multiplier=float(getattr(config, "embedding_multiplier", None) or 1.0),
+            residual_multiplier=float(getattr(config, "residual_multiplier", None) or 1.0),
+            attention_multiplier=getattr(config, "attention_multiplier", None),
+            logits_scaling=float(getattr(config, "logits_scaling", None) or 1.0),
+            **extra,
         )
 
 
@@ -76,17 +96,21 @@ class DecoderAttention(nn.Module):
                                           self.head_dim, f"{prefix}.qkv_proj", bias=opts.qkv_bias)
         self.o_proj = RowLinear(ctx, self.q_size, cfg.hidden_size, f"{prefix}.o_proj",
                                 bias=opts.o_bias)
+        self.qk_norm_per_head = opts.qk_norm_scope == "head"
         if opts.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, ctx.dtype)
-            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, ctx.dtype)
+            q_width, k_width = ((self.head_dim, self.head_dim) if self.qk_norm_per_head
+                                else (self.q_size, self.kv_size))
+            self.q_norm = RMSNorm(q_width, cfg.rms_norm_eps, ctx.dtype)
+            self.k_norm = RMSNorm(k_width, cfg.rms_norm_eps, ctx.dtype)
         else:
             self.q_norm = self.k_norm = None
         layer_types = getattr(cfg, "layer_types", None)
         sliding = None
         if layer_types is not None and layer_types[layer_idx] == "sliding_attention":
             sliding = getattr(cfg, "sliding_window", None)
+        scale = opts.attention_multiplier or self.head_dim**-0.5
         self.attn = Attention(ctx, self.num_heads, self.head_dim, self.num_kv_heads,
-                              self.head_dim**-0.5, f"{prefix}.attn", sliding_window=sliding)
+                              scale, f"{prefix}.attn", sliding_window=sliding)
 
     def forward(self, hidden: torch.Tensor, rope: RotaryTable,
                 metadata: AttentionMetadata) -> torch.Tensor:
@@ -96,8 +120,13 @@ class DecoderAttention(nn.Module):
         qk_end = self.q_size + self.kv_size
         h = self.num_heads
         # q and k are adjacent columns: normalise and rotate all their heads in one pass.
-        qk = qkv[:, :qk_end].view(t, h + self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and not self.qk_norm_per_head:
+            q_normed = self.q_norm(qkv[:, :self.q_size])
+            k_normed = self.k_norm(qkv[:, self.q_size:qk_end])
+            qk = torch.cat((q_normed, k_normed), dim=1).view(t, -1, self.head_dim)
+        else:
+            qk = qkv[:, :qk_end].view(t, h + self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.qk_norm_per_head:
             qk = rms_normalize(qk, self.q_norm.eps)
             qk[:, :h].mul_(self.q_norm.weight)
             qk[:, h:].mul_(self.k_norm.weight)
@@ -116,8 +145,14 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ctx.dtype)
         self.self_attn = DecoderAttention(ctx, f"{prefix}.self_attn", layer_idx, opts)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ctx.dtype)
-        self.mlp = GatedMLP(ctx, cfg.hidden_size, cfg.intermediate_size, f"{prefix}.mlp",
-                            getattr(cfg, "hidden_act", "silu"), bias=opts.mlp_bias)
+        self.residual_multiplier = opts.residual_multiplier
+        self.mlp_name = opts.mlp_name
+        mlp_prefix = f"{prefix}.{opts.mlp_name}"
+        mlp = opts.make_mlp(ctx, mlp_prefix, layer_idx) if opts.make_mlp is not None else None
+        if mlp is None:
+            mlp = GatedMLP(ctx, cfg.hidden_size, cfg.intermediate_size, mlp_prefix,
+                           getattr(cfg, "hidden_act", "silu"), bias=opts.mlp_bias)
+        self.add_module(opts.mlp_name, mlp)
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, rope: RotaryTable,
                 metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,8 +163,13 @@ class DecoderLayer(nn.Module):
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
         hidden = self.self_attn(hidden, rope, metadata)
+        if self.residual_multiplier != 1.0:
+            hidden = hidden * self.residual_multiplier
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        hidden = self._modules[self.mlp_name](hidden)
+        if self.residual_multiplier != 1.0:
+            hidden = hidden * self.residual_multiplier
+        return hidden, residual
 
 
 class DecoderModel(nn.Module):
@@ -143,6 +183,7 @@ class DecoderModel(nn.Module):
             DecoderLayer(ctx, f"{prefix}.layers.{i}", i, opts) for i in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ctx.dtype)
+        self.embedding_multiplier = opts.embedding_multiplier
         # One table for all layers (they share the config's rope settings).
         self.rotary_emb = RotaryEmbedding(head_dim_of(cfg), cfg.max_position_embeddings,
                                           rope_parameters(cfg), ctx.dtype)
@@ -151,6 +192,8 @@ class DecoderModel(nn.Module):
                 metadata: AttentionMetadata) -> torch.Tensor:
         """``input_ids, positions [T]`` -> final-normed hidden states ``[T, hidden]``."""
         hidden = self.embed_tokens(input_ids)
+        if self.embedding_multiplier != 1.0:
+            hidden = hidden * self.embedding_multiplier
         rope = self.rotary_emb.lookup(positions)
         residual = None
         for layer in self.layers:
@@ -173,11 +216,24 @@ class DecoderForCausalLM(CausalLM):
     qkv_bias: bool | None = None
     # Bias on o_proj; None reads config.attention_bias.
     o_bias: bool | None = None
+    # q/k norm per head ("head") or over all heads at once ("all_heads").
+    qk_norm_scope: str = "head"
+    # The MLP's module name in checkpoints ("mlp"; Mixtral-style "block_sparse_moe").
+    mlp_name: str = "mlp"
+    # (checkpoint substring, our substring) pairs applied to every checkpoint name.
+    checkpoint_renames: tuple[tuple[str, str], ...] = ()
+
+    def make_mlp(self, ctx: ModelContext, prefix: str, layer_idx: int) -> nn.Module | None:
+        """Layer ``layer_idx``'s MLP; None (the default) builds the dense :class:`GatedMLP`."""
+        return None
 
     def __init__(self, ctx: ModelContext) -> None:
         super().__init__(ctx)
         cfg = ctx.hf_config
-        opts = DecoderOptions.resolve(cfg, self.qk_norm, self.qkv_bias, self.o_bias)
+        opts = DecoderOptions.resolve(cfg, self.qk_norm, self.qkv_bias, self.o_bias,
+                                      qk_norm_scope=self.qk_norm_scope, make_mlp=self.make_mlp,
+                                      mlp_name=self.mlp_name)
+        self.logits_scaling = opts.logits_scaling
         self.model = DecoderModel(ctx, opts)
         tied = bool(getattr(cfg, "tie_word_embeddings", False))
         self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, ctx.dtype,
@@ -188,7 +244,8 @@ class DecoderForCausalLM(CausalLM):
         return self.model(input_ids, positions, metadata)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        logits = self.lm_head(hidden)
+        return logits / self.logits_scaling if self.logits_scaling != 1.0 else logits
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load by checkpoint name (``q_proj``... onto fused layers).
@@ -200,6 +257,13 @@ class DecoderForCausalLM(CausalLM):
                 missing tensors by checkpoint name.
         """
         tied = self.lm_head.is_tied
+        if self.checkpoint_renames:
+            weights = ((self._rename(name), tensor) for name, tensor in weights)
         return load_checkpoint_weights(
             self, weights, ignore=(lambda name: name == "lm_head.weight") if tied else None
         )
+
+    def _rename(self, name: str) -> str:
+        for old, new in self.checkpoint_renames:
+            name = name.replace(old, new)
+        return name

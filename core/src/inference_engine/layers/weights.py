@@ -11,6 +11,12 @@ is expected once per part (``...q_proj.weight``, ``...k_proj.weight``, ...);
 quantization methods whose parameters are per part (scales) follow the same
 rule. A parameter a checkpoint may legitimately lack (one computed after
 loading) carries ``checkpoint_optional = True``.
+
+A module may describe its own checkpoint names with
+``checkpoint_layouts(leaf) -> list[dict[name, part id]]`` (names relative to
+the module): each dict is one complete way a checkpoint can store that
+parameter (MoE experts: one tensor per expert and projection, or one stacked
+``[E, ...]`` tensor). The parameter is loaded when any one layout is.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from torch import nn
 
 from inference_engine.layers.linear import LinearBase, ShardId
 
-__all__ = ["STACKED_PARAMS", "checkpoint_names", "load_checkpoint_weights"]
+__all__ = ["STACKED_PARAMS", "checkpoint_layouts", "checkpoint_names", "load_checkpoint_weights"]
 
 # Checkpoint module name -> (our fused module name, part id).
 STACKED_PARAMS: dict[str, tuple[str, ShardId]] = {
@@ -47,19 +53,42 @@ def checkpoint_names(
     Raises:
         ValueError: for a fused layer whose module name has no checkpoint names in ``stacked``.
     """
+    expected: dict[str, tuple[str, ShardId | None]] = {}
+    for param_name, layouts in checkpoint_layouts(model, stacked).items():
+        for layout in layouts:
+            for ckpt, shard_id in layout.items():
+                expected[ckpt] = (param_name, shard_id)
+    return expected
+
+
+def checkpoint_layouts(
+    model: nn.Module, stacked: Mapping[str, tuple[str, ShardId]] = STACKED_PARAMS
+) -> dict[str, list[dict[str, ShardId | None]]]:
+    """Parameter name -> the alternative sets of checkpoint names that fill it.
+
+    Raises:
+        ValueError: for a fused layer whose module name has no checkpoint names in ``stacked``.
+    """
     fused_to_ckpt: dict[str, dict[ShardId, str]] = {}
     for ckpt_module, (fused_module, shard_id) in stacked.items():
         fused_to_ckpt.setdefault(fused_module, {})[shard_id] = ckpt_module
     modules = dict(model.named_modules())
-    expected: dict[str, tuple[str, ShardId | None]] = {}
+    result: dict[str, list[dict[str, ShardId | None]]] = {}
     for param_name, _ in model.named_parameters():
         owner_name, _, leaf = param_name.rpartition(".")
         owner = modules.get(owner_name)
+        own_layouts = getattr(owner, "checkpoint_layouts", None)
+        if callable(own_layouts):
+            base = f"{owner_name}." if owner_name else ""
+            result[param_name] = [{base + name: part for name, part in layout.items()}
+                                  for layout in own_layouts(leaf)]
+            continue
         if not (isinstance(owner, LinearBase) and owner.is_fused):
-            expected[param_name] = (param_name, None)
+            result[param_name] = [{param_name: None}]
             continue
         parent, _, fused_module = owner_name.rpartition(".")
         parts = fused_to_ckpt.get(fused_module, {})
+        layout: dict[str, ShardId | None] = {}
         for shard_id in owner.shard_ids:
             if shard_id not in parts:
                 raise ValueError(
@@ -67,8 +96,9 @@ def checkpoint_names(
                     f"{fused_module!r}; add it to the stacked-parameter table"
                 )
             ckpt = f"{parent}.{parts[shard_id]}.{leaf}" if parent else f"{parts[shard_id]}.{leaf}"
-            expected[ckpt] = (param_name, shard_id)
-    return expected
+            layout[ckpt] = shard_id
+        result[param_name] = [layout]
+    return result
 
 
 def load_checkpoint_weights(
@@ -95,6 +125,7 @@ def load_checkpoint_weights(
             shape mismatches (parameter and both shapes) and expected names
             the checkpoint did not provide.
     """
+    layouts = checkpoint_layouts(model, stacked)
     expected = checkpoint_names(model, stacked)
     params = dict(model.named_parameters())
     consumed: set[str] = set()
@@ -122,11 +153,15 @@ def load_checkpoint_weights(
             continue
         loaded.add(name)
         consumed.add(name)
-    missing = [
-        name for name, (param_name, _) in expected.items()
-        if name not in loaded and name not in mismatched
-        and not getattr(params[param_name], "checkpoint_optional", False)
-    ]
+    missing = []
+    for param_name, options in layouts.items():
+        if getattr(params[param_name], "checkpoint_optional", False):
+            continue
+        if any(all(name in loaded for name in layout) for layout in options):
+            continue
+        # Report against the layout the checkpoint came closest to (the first on a tie).
+        closest = max(options, key=lambda layout: sum(name in loaded for name in layout))
+        missing += [name for name in closest if name not in loaded and name not in mismatched]
     problems = []
     if unexpected:
         problems.append(f"{len(unexpected)} unexpected tensor(s): {_listing(unexpected)}")

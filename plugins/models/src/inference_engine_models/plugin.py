@@ -13,4 +13,8 @@ def ie_register_models() -> list[Spec]:
         Spec("Qwen2ForCausalLM", f"{base}.qwen2:Qwen2ForCausalLM", "Qwen2 / Qwen2.5 dense decoder"),
         Spec("Qwen3ForCausalLM", f"{base}.qwen3:Qwen3ForCausalLM",
              "Qwen3 dense decoder (q/k norm)"),
+        Spec("Qwen3MoeForCausalLM", f"{base}.qwen3_moe:Qwen3MoeForCausalLM",
+             "Qwen3-MoE (softmax top-k routing)"),
+        Spec("GraniteMoeForCausalLM", f"{base}.granitemoe:GraniteMoeForCausalLM",
+             "GraniteMoE (Granite multipliers, top-k softmax routing)"),
     ]

@@ -1,0 +1,34 @@
+"""Mixture-of-experts: routing, sorted token dispatch, grouped expert GEMMs, shared experts.
+
+:class:`SparseMoeBlock` is what a decoder layer uses; :class:`FusedMoE` holds
+the experts (weights from the quant method) and picks the GEMM path per
+device: the Triton grouped GEMM on CUDA (:mod:`.triton_moe`), the torch path
+elsewhere (:mod:`.torch_experts`); :func:`fused_moe_reference` is the plain
+ground truth both are tested against.
+"""
+
+from inference_engine.layers.moe.activation import SILU, ExpertActivation, gated_activation
+from inference_engine.layers.moe.block import SparseMoeBlock
+from inference_engine.layers.moe.dispatch import ExpertDispatch, align_block_size, sort_by_expert
+from inference_engine.layers.moe.layer import FusedMoE
+from inference_engine.layers.moe.method import FusedMoEMethod, UnquantizedFusedMoEMethod
+from inference_engine.layers.moe.reference import fused_moe_reference
+from inference_engine.layers.moe.router import RouterSpec, route
+from inference_engine.layers.moe.torch_experts import fused_moe_torch
+
+__all__ = [
+    "SILU",
+    "ExpertActivation",
+    "ExpertDispatch",
+    "FusedMoE",
+    "FusedMoEMethod",
+    "RouterSpec",
+    "SparseMoeBlock",
+    "UnquantizedFusedMoEMethod",
+    "align_block_size",
+    "fused_moe_reference",
+    "fused_moe_torch",
+    "gated_activation",
+    "route",
+    "sort_by_expert",
+]

@@ -1,0 +1,86 @@
+"""How a quantization method owns an MoE layer's expert weights.
+
+:class:`~inference_engine.interfaces.quant.QuantMethod.fused_moe_method` hands
+an MoE layer one of these (None: :class:`UnquantizedFusedMoEMethod`). The
+method registers the checkpoint's expert tensors on the layer, converts them
+after loading, and gives the expert GEMMs their weights as dense
+``gate_up [E, 2I, K]`` / ``down [E, K_out, I]`` tensors in the compute dtype
+(a quantized method may dequantize once after loading, as gpt-oss MXFP4 does,
+or supply its own kernel by overriding :meth:`FusedMoEMethod.apply`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from functools import partial
+
+import torch
+from torch import nn
+
+__all__ = ["ExpertWeights", "FusedMoEMethod", "UnquantizedFusedMoEMethod", "load_expert_part"]
+
+# (gate_up [E, 2I, K], down [E, K_out, I], gate_up_bias [E, 2I] | None, down_bias [E, K_out] | None)
+ExpertWeights = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
+
+
+class FusedMoEMethod(ABC):
+    """Creates, loads and presents one MoE layer's expert weights."""
+
+    @abstractmethod
+    def create_weights(self, layer: nn.Module, prefix: str, num_experts: int, hidden_size: int,
+                       intermediate_size: int, params_dtype: torch.dtype, bias: bool) -> None:
+        """Register the expert parameters (with ``weight_loader``) on ``layer``."""
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:  # noqa: B027 - optional
+        """Convert loaded tensors to their runtime form."""
+
+    @abstractmethod
+    def expert_weights(self, layer: nn.Module) -> ExpertWeights:
+        """Dense weights for the expert GEMMs."""
+
+
+class UnquantizedFusedMoEMethod(FusedMoEMethod):
+    """Experts in the compute dtype: ``gate_up_proj [E, 2I, K]``, ``down_proj [E, K, I]``.
+
+    Parameter names and layouts are transformers v5's, so a stacked tensor
+    loads whole; per-expert checkpoint tensors load into one expert's rows
+    through the part id ``(expert, "gate" | "up" | "down")``.
+    """
+
+    def create_weights(self, layer: nn.Module, prefix: str, num_experts: int, hidden_size: int,
+                       intermediate_size: int, params_dtype: torch.dtype, bias: bool) -> None:
+        shapes = {"gate_up_proj": (num_experts, 2 * intermediate_size, hidden_size),
+                  "down_proj": (num_experts, hidden_size, intermediate_size)}
+        if bias:
+            shapes["gate_up_proj_bias"] = (num_experts, 2 * intermediate_size)
+            shapes["down_proj_bias"] = (num_experts, hidden_size)
+        for name, shape in shapes.items():
+            param = nn.Parameter(torch.empty(shape, dtype=params_dtype), requires_grad=False)
+            param.weight_loader = partial(  # type: ignore[attr-defined]
+                load_expert_part, intermediate_size, name=f"{prefix}.{name}")
+            layer.register_parameter(name, param)
+
+    def expert_weights(self, layer: nn.Module) -> ExpertWeights:
+        return (layer.gate_up_proj, layer.down_proj, getattr(layer, "gate_up_proj_bias", None),
+                getattr(layer, "down_proj_bias", None))
+
+
+def load_expert_part(intermediate_size: int, param: torch.Tensor, loaded: torch.Tensor,
+                     shard_id: tuple[int, str] | None = None, *, name: str) -> None:
+    """Copy a stacked tensor whole, or one expert's gate/up/down part into its rows.
+
+    Raises:
+        ValueError: naming the parameter, the part and both shapes on a mismatch.
+    """
+    target, where = param.data, name
+    if shard_id is not None:
+        expert, part = shard_id
+        target = target[expert]
+        if part in ("gate", "up"):
+            target = target.narrow(0, 0 if part == "gate" else intermediate_size,
+                                   intermediate_size)
+        where = f"{name} (expert {expert}, {part})"
+    if target.shape != loaded.shape:
+        raise ValueError(f"shape mismatch for {where}: the checkpoint tensor has shape "
+                         f"{tuple(loaded.shape)}, the model expects {tuple(target.shape)}")
+    target.copy_(loaded)

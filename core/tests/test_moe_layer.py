@@ -1,0 +1,177 @@
+"""Fused MoE: the router against transformers' routers, the torch path and the Triton
+grouped GEMM (under TRITON_INTERPRET=1, fp32) against the plain reference."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import types
+
+import pytest
+import torch
+import transformers
+from inference_engine.layers.moe import (
+    ExpertActivation,
+    RouterSpec,
+    align_block_size,
+    fused_moe_reference,
+    fused_moe_torch,
+    route,
+    sort_by_expert,
+)
+
+ACTIVATIONS = [ExpertActivation("silu"), ExpertActivation("swigluoai")]
+
+
+def problem(t: int, k_in: int, inter: int, e: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, k_in, generator=g)
+    gate_up = 0.2 * torch.randn(e, 2 * inter, k_in, generator=g)
+    down = 0.2 * torch.randn(e, k_in, inter, generator=g)
+    biases = (torch.randn(e, 2 * inter, generator=g), torch.randn(e, k_in, generator=g))
+    return x, gate_up, down, biases
+
+
+CASES = {
+    # experts 3..5 receive nothing
+    "empty_experts": torch.tensor([[0, 1], [1, 2], [2, 0], [0, 2], [1, 0]]),
+    # one token routed to every expert, others to one each
+    "one_token_many_experts": torch.tensor([[0, 1, 2, 3, 4, 5], [5, 5, 5, 5, 5, 5]]),
+    "single_token": torch.tensor([[3, 1]]),
+}
+
+
+@pytest.fixture(scope="module")
+def triton_moe():
+    """The Triton module re-imported with the interpreter on (kernels bind it at decoration)."""
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import inference_engine.layers.moe.triton_moe as module
+        yield importlib.reload(module)
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("act", ACTIVATIONS, ids=lambda a: a.name)
+@pytest.mark.parametrize("bias", [False, True])
+def test_torch_and_triton_match_reference(triton_moe, case, act, bias):
+    ids = CASES[case]
+    x, gate_up, down, (gb, db) = problem(ids.shape[0], 40, 24, 6)
+    weights = torch.rand(ids.shape, generator=torch.Generator().manual_seed(1))
+    args = (x, gate_up, down, weights, ids, act) + ((gb, db) if bias else (None, None))
+    ref = fused_moe_reference(*args)
+    torch.testing.assert_close(fused_moe_torch(*args), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(triton_moe.fused_moe_triton(*args), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_triton_with_tuned_block_sizes_from_the_hook(triton_moe, monkeypatch):
+    """A hook answer changes the launch (block sizes 16/16/16) and the result stays right."""
+    seen = []
+
+    def fake(op_name, shape, default):
+        seen.append((op_name, dict(shape)))
+        return {**default, "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16,
+                "GROUP_SIZE_M": 2}
+
+    monkeypatch.setattr(triton_moe, "tuning_config", fake)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 5, (37, 2), generator=g)
+    x, gate_up, down, _ = problem(37, 48, 40, 5)
+    weights = torch.rand(ids.shape, generator=g)
+    out = triton_moe.fused_moe_triton(x, gate_up, down, weights, ids)
+    torch.testing.assert_close(out, fused_moe_reference(x, gate_up, down, weights, ids),
+                               atol=1e-5, rtol=1e-5)
+    assert seen[0] == ("fused_moe", {"M": 37, "N": 80, "K": 48, "E": 5, "topk": 2})
+
+
+def test_align_block_size_pads_each_expert_to_whole_blocks():
+    ids = torch.tensor([[2, 0], [2, 2], [0, 2]])
+    sorted_ids, block_expert, num_padded = align_block_size(ids, 4, 4)
+    assert num_padded == 8 and block_expert.tolist() == [0, 2]
+    # Expert 0: assignments 1 and 4, then padding (6); expert 2: 0, 2, 3, 5.
+    assert sorted_ids.tolist() == [1, 4, 6, 6, 0, 2, 3, 5]
+    d = sort_by_expert(ids, 4)
+    assert d.counts == [2, 0, 4, 0] and d.token_of.tolist() == [0, 2, 0, 1, 1, 2]
+
+
+# --------------------------------------------------------------------------- #
+# Routers against the transformers modules they replace.
+# --------------------------------------------------------------------------- #
+
+
+def _hf_router(cls_path: str, **config: object):
+    module_name, _, cls_name = cls_path.rpartition(".")
+    cls = getattr(importlib.import_module(f"transformers.models.{module_name}"), cls_name)
+    router = cls(types.SimpleNamespace(**config))
+    with torch.no_grad():
+        router.weight.normal_(0, 1.0, generator=torch.Generator().manual_seed(0))
+        if hasattr(router, "e_score_correction_bias"):
+            router.e_score_correction_bias.normal_(0, 0.1)
+    return router
+
+
+def _check(hf_weights, hf_ids, weights, ids):
+    order_hf, order = hf_ids.sort(dim=-1), ids.sort(dim=-1)
+    assert torch.equal(order_hf.values, order.values)
+    torch.testing.assert_close(hf_weights.float().gather(1, order_hf.indices),
+                               weights.gather(1, order.indices), atol=1e-6, rtol=1e-6)
+
+
+def test_softmax_topk_renormalised_matches_qwen3_moe():
+    hf = _hf_router("qwen3_moe.modeling_qwen3_moe.Qwen3MoeTopKRouter", num_experts_per_tok=2,
+                    num_experts=8, norm_topk_prob=True, hidden_size=16)
+    x = torch.randn(11, 16)
+    _, w_hf, i_hf = hf(x)
+    w, i = route(x @ hf.weight.T, RouterSpec(8, 2, "softmax", renormalize=True))
+    _check(w_hf, i_hf, w, i)
+
+
+def test_topk_softmax_matches_granitemoe():
+    hf = _hf_router("granitemoe.modeling_granitemoe.GraniteMoeTopKRouter", num_local_experts=8,
+                    num_experts_per_tok=3, hidden_size=16)
+    x = torch.randn(11, 16)
+    _, w_hf, i_hf = hf(x)
+    w, i = route(x @ hf.weight.T, RouterSpec(8, 3, "topk_softmax"))
+    _check(w_hf, i_hf, w, i)
+
+
+def test_sigmoid_grouped_with_correction_bias_matches_glm4_moe():
+    hf = _hf_router("glm4_moe.modeling_glm4_moe.Glm4MoeTopkRouter", num_experts_per_tok=3,
+                    num_local_experts=16, hidden_size=16, routed_scaling_factor=2.5, n_group=4,
+                    topk_group=2, norm_topk_prob=True)
+    x = torch.randn(23, 16)
+    _, w_hf, i_hf = hf(x)
+    spec = RouterSpec(16, 3, "sigmoid", renormalize=True, num_groups=4, topk_groups=2,
+                      group_score="top2_sum", routed_scaling_factor=2.5)
+    w, i = route(x @ hf.weight.T, spec, hf.e_score_correction_bias)
+    _check(w_hf, i_hf, w, i)
+
+
+def test_group_limited_greedy_matches_deepseek_v2():
+    hf = _hf_router("deepseek_v2.modeling_deepseek_v2.DeepseekV2TopkRouter",
+                    num_experts_per_tok=3, num_experts=16, hidden_size=16,
+                    routed_scaling_factor=1.5, topk_method="group_limited_greedy", n_group=4,
+                    topk_group=2)
+    x = torch.randn(23, 16)
+    _, w_hf, i_hf = hf(x)
+    spec = RouterSpec(16, 3, "softmax", num_groups=4, topk_groups=2, group_score="max",
+                      routed_scaling_factor=1.5)
+    _check(w_hf, i_hf, *route(x @ hf.weight.T, spec))
+
+
+def test_router_rejects_bad_specs():
+    with pytest.raises(ValueError, match="top_k"):
+        RouterSpec(4, 5)
+    with pytest.raises(ValueError, match="multiple"):
+        RouterSpec(6, 2, num_groups=4)
+    with pytest.raises(ValueError, match="scoring"):
+        RouterSpec(4, 2, "relu")  # type: ignore[arg-type]
+
+
+def test_transformers_is_v5():
+    assert int(transformers.__version__.split(".")[0]) >= 5
