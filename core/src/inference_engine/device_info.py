@@ -28,6 +28,7 @@ __all__ = [
     "device_info_for",
     "is_simulated",
     "simulate_devices",
+    "triton_has_backend",
 ]
 
 
@@ -175,6 +176,16 @@ class CpuDeviceInfo(DeviceInfoSource):
 
     def memory_info(self, index: int) -> tuple[int, int]:
         return _meminfo()
+
+
+def triton_has_backend(backend: str) -> bool:
+    """Whether the installed Triton can compile for ``backend`` ("nvidia", "amd", "intel")."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(f"triton.backends.{backend}") is not None
+    except (ImportError, ValueError):  # no triton at all
+        return False
 
 
 # --------------------------------------------------------------------------- #

@@ -144,6 +144,7 @@ def load_model(
             method = getattr(module, "quant_method", None)
             if method is not None:
                 method.process_weights_after_loading(module)
+        ctx.quant_method.process_model_after_loading(model)
     tokenizer = fmt.load_tokenizer()
     if tokenizer is None:
         from transformers import AutoTokenizer

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -61,6 +62,9 @@ class AttentionMetadata:
     slot_offsets: torch.Tensor | None = None
     # Longest context among the decodes, so batched decode gathers no more blocks than needed.
     max_decode_seq_len: int = 0
+    # Scratch for tensors a backend derives from this step's layout once and
+    # reuses in every layer (keyed by the backend; cleared with the step).
+    backend_cache: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_seqs(self) -> int:

@@ -29,7 +29,7 @@ KERNEL_TRITON_FP8_BLOCK = "triton fp8 block gemm"
 KERNEL_TRITON_MXFP4 = "triton mxfp4 (tl.dot_scaled)"
 
 
-class Platform(ABC):
+class Platform(ABC):  # noqa: B024 - every method has a working default
     """A hardware platform and the devices of it this engine was told to use."""
 
     # Registration name (``--platform``).
@@ -183,7 +183,7 @@ class Platform(ABC):
         return None
 
     # ---- process --------------------------------------------------------
-    def set_up_process(self) -> None:
+    def set_up_process(self) -> None:  # noqa: B027 - optional hook
         """Per-process numeric settings (flush denormals, ...); called at engine start."""
 
     def describe(self) -> dict[str, Any]:

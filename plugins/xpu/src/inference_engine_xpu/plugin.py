@@ -1,8 +1,10 @@
-"""Registrations of inference-engine-xpu; targets stay strings until used.
-
-Nothing is registered until the code behind a name exists and works.
-"""
+"""Registrations of inference-engine-xpu; targets stay strings until used."""
 
 from __future__ import annotations
 
-from inference_engine import hookimpl  # noqa: F401 - used as registrations land
+from inference_engine import Spec, hookimpl
+
+
+@hookimpl
+def ie_register_platforms() -> list[Spec]:
+    return [Spec("xpu", "inference_engine_xpu.platform:XpuPlatform", "Intel GPUs (torch.xpu)")]

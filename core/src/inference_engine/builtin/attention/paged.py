@@ -1,13 +1,17 @@
 """Default backend: batched decode read through block tables, prefill per sequence.
 
-Decodes (query length one) are attended in a single batched call over their
-gathered blocks, so the per-step Python work does not grow with the number of
-running sequences; prefill chunks without cached context attend their own
-keys directly with a causal kernel.
+Decodes (query length one) are attended in a few batched calls over their
+gathered blocks: sequences are grouped by context length so a short sequence
+is not padded to the longest one's length, and the groups are planned once
+per step and shared by every layer. Prefill chunks without cached context
+attend their own keys directly with a causal kernel.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -20,7 +24,45 @@ from inference_engine.builtin.attention.common import (
 )
 from inference_engine.interfaces.attention import AttentionBackend, AttentionMetadata
 
-__all__ = ["PagedAttentionBackend"]
+__all__ = ["DecodeGroup", "PagedAttentionBackend", "plan_decode_groups"]
+
+# A group split must save at least this many padded key positions (summed over
+# the group's sequences) to pay for the extra gather + attention calls per layer.
+GROUP_SPLIT_MIN_SAVING = 512
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeGroup:
+    """Decodes attended together, padded to the group's longest context."""
+
+    # Query rows of the group (None: all decodes, in order).
+    rows: torch.Tensor | None
+    # [len(rows) * num_blocks] physical blocks, row-major.
+    flat_blocks: torch.Tensor
+    num_blocks: int
+    # [len(rows)] context lengths.
+    seq_lens: torch.Tensor
+    max_len: int
+
+
+def plan_decode_groups(seq_lens: list[int], block_size: int,
+                       min_saving: int = GROUP_SPLIT_MIN_SAVING) -> list[np.ndarray]:
+    """Partition decode rows into groups of similar length (longest first).
+
+    Greedy over lengths sorted descending: a new group starts where padding the
+    remaining rows to the current group's length would waste more than
+    ``min_saving`` key positions.
+    """
+    lens = np.asarray(seq_lens, dtype=np.int64)
+    order = np.argsort(-lens, kind="stable")
+    blocks = -(-lens[order] // block_size)
+    n = len(order)
+    cuts = [0]
+    for i in range(1, n):
+        if (blocks[cuts[-1]] - blocks[i]) * block_size * (n - i) > min_saving:
+            cuts.append(i)
+    cuts.append(n)
+    return [order[a:b] for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
 
 
 class PagedAttentionBackend(AttentionBackend):
@@ -65,6 +107,30 @@ class PagedAttentionBackend(AttentionBackend):
                 out[start:end] = attend_sequence(q, k, v, self.scale, mask)
         return out.view(query.shape[0], self.num_heads * self.head_dim)
 
+    def _decode_groups(self, metadata: AttentionMetadata, n: int) -> list[DecodeGroup]:
+        """This step's decode groups, planned on the first layer and reused."""
+        groups = metadata.backend_cache.get("paged_decode_groups")
+        if groups is not None:
+            return groups
+        bs = metadata.block_size
+        lens = metadata.seq_lens_list[:n]
+        parts = plan_decode_groups(lens, bs, GROUP_SPLIT_MIN_SAVING) if n > 1 else [np.arange(n)]
+        groups = []
+        for rows in parts:
+            max_len = max(lens[i] for i in rows)
+            num_blocks = -(-max_len // bs)
+            if len(parts) == 1:
+                row_index = None
+                table = metadata.block_tables[:n, :num_blocks]
+                seq_lens = metadata.seq_lens[:n]
+            else:
+                row_index = torch.from_numpy(rows).to(metadata.block_tables.device)
+                table = metadata.block_tables.index_select(0, row_index)[:, :num_blocks]
+                seq_lens = metadata.seq_lens.index_select(0, row_index)
+            groups.append(DecodeGroup(row_index, table.reshape(-1), num_blocks, seq_lens, max_len))
+        metadata.backend_cache["paged_decode_groups"] = groups
+        return groups
+
     def _decode(
         self,
         query: torch.Tensor,
@@ -74,22 +140,36 @@ class PagedAttentionBackend(AttentionBackend):
         gqa: bool,
     ) -> torch.Tensor:
         """``[num_decodes, heads, head_dim]`` for one query per sequence."""
+        groups = self._decode_groups(metadata, query.shape[0])
+        if len(groups) == 1:
+            return self._decode_group(query, k_cache, v_cache, groups[0], gqa)
+        out = torch.empty_like(query)
+        for group in groups:
+            q = query.index_select(0, group.rows)
+            out.index_copy_(0, group.rows, self._decode_group(q, k_cache, v_cache, group, gqa))
+        return out
+
+    def _decode_group(
+        self,
+        query: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        group: DecodeGroup,
+        gqa: bool,
+    ) -> torch.Tensor:
         n = query.shape[0]
-        bs = metadata.block_size
-        max_len = metadata.max_decode_seq_len or max(metadata.seq_lens_list[:n])
-        num_blocks = -(-max_len // bs)
-        table = metadata.block_tables[:n, :num_blocks]
-        padded = num_blocks * bs
-        flat = table.reshape(-1)
-        k = gather_blocks(k_cache, flat, "k").view(n, padded, self.num_kv_heads, self.head_dim)
-        v = gather_blocks(v_cache, flat, "v").view(n, padded, self.num_kv_heads, self.head_dim)
+        padded = group.num_blocks * k_cache.shape[1]
+        k = gather_blocks(k_cache, group.flat_blocks, "k").view(
+            n, padded, self.num_kv_heads, self.head_dim)
+        v = gather_blocks(v_cache, group.flat_blocks, "v").view(
+            n, padded, self.num_kv_heads, self.head_dim)
         q = query.unsqueeze(2)  # [n, heads, 1, head_dim]
         mask = None
         if n == 1 and self.sliding_window is None:
-            k, v = k[:, :max_len], v[:, :max_len]
+            k, v = k[:, :group.max_len], v[:, :group.max_len]
         else:
             k_pos = torch.arange(padded, device=query.device)
-            seq_lens = metadata.seq_lens[:n].unsqueeze(1)
+            seq_lens = group.seq_lens.unsqueeze(1)
             mask = k_pos.unsqueeze(0) < seq_lens
             if self.sliding_window is not None:
                 mask &= k_pos.unsqueeze(0) >= seq_lens - self.sliding_window

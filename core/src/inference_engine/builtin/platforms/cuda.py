@@ -18,7 +18,11 @@ from __future__ import annotations
 
 import torch
 
-from inference_engine.device_info import DeviceInfoSource, TorchCudaDeviceInfo
+from inference_engine.device_info import (
+    DeviceInfoSource,
+    TorchCudaDeviceInfo,
+    triton_has_backend,
+)
 from inference_engine.interfaces.platform import (
     KERNEL_SCALED_MM_FP4,
     KERNEL_SCALED_MM_FP8,
@@ -49,12 +53,6 @@ def cuda_family(capability: tuple[int, int]) -> str:
     if major in (10, 11):
         return "sm100"
     return "sm120"
-
-
-def _triton_importable() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("triton") is not None
 
 
 class CudaPlatform(Platform):
@@ -103,7 +101,7 @@ class CudaPlatform(Platform):
         return self.capability()[0] >= 10
 
     def supports_triton(self) -> bool:
-        return self.capability() >= MIN_CAPABILITY and _triton_importable()
+        return self.capability() >= MIN_CAPABILITY and triton_has_backend("nvidia")
 
     def fp8_gemm_kernels(self) -> list[str]:
         if self.fp8_dtype() is None:

@@ -40,8 +40,10 @@ def _grouped_gemm_kernel(
 ):
     """``c[r] = (a[r // ROWS_PER_A] @ b[expert(r)]^T + bias) * w[r]`` for sorted rows ``r``."""
     pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(num_padded, BLOCK_SIZE_M)
-    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
+    # Plain integer ceil-divisions (tl.cdiv is a jit function the interpreter cannot call
+    # when triton was imported before TRITON_INTERPRET was set).
+    num_pid_m = (num_padded + BLOCK_SIZE_M - 1) // BLOCK_SIZE_M
+    num_pid_n = (N + BLOCK_SIZE_N - 1) // BLOCK_SIZE_N
     # Grouped ordering: GROUP_SIZE_M row blocks share each weight slice while it is in cache.
     group = GROUP_SIZE_M * num_pid_n
     first_m = (pid // group) * GROUP_SIZE_M
@@ -60,7 +62,7 @@ def _grouped_gemm_kernel(
     b_ptrs = (b_ptr + expert * stride_be + offs_k[:, None] * stride_bk
               + offs_n[None, :] * stride_bn)
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
+    for kb in range(0, (K + BLOCK_SIZE_K - 1) // BLOCK_SIZE_K):
         k_left = K - kb * BLOCK_SIZE_K
         a = tl.load(a_ptrs, mask=row_ok[:, None] & (offs_k[None, :] < k_left), other=0.0)
         b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & n_ok[None, :], other=0.0)
