@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
-
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from inference_engine.builtin.attention import paged
 from inference_engine.builtin.attention.paged import PagedAttentionBackend
 from inference_engine.builtin.attention.torch_sdpa import TorchSDPABackend
 from inference_engine.interfaces.attention import AttentionMetadata
@@ -39,16 +42,12 @@ def strided_pool(num_blocks):
     return k, v
 
 
-@pytest.mark.parametrize("backend_cls", [TorchSDPABackend, PagedAttentionBackend])
-@pytest.mark.parametrize("sliding_window", [None, 3])
-def test_mixed_batch_matches_reference(backend_cls, sliding_window):
-    torch.manual_seed(0)
-    # (cached context, new tokens): two decodes, a fresh prefill, a chunk after cached context.
-    shapes = [(6, 1), (1, 1), (0, 7), (5, 4)]
-    num_blocks = 32
+def check_batch(backend, shapes, num_decodes, sliding_window=None, seed=0):
+    """Fill a pool with each (cached, new) sequence's context, run one step, compare."""
+    torch.manual_seed(seed)
+    num_blocks = sum(-(-(c + n) // BLOCK) for c, n in shapes) + 2
     perm = torch.randperm(num_blocks - 1) + 1
     k_cache, v_cache = strided_pool(num_blocks)
-    backend = backend_cls(HEADS, DIM, KV_HEADS, 1 / math.sqrt(DIM), sliding_window)
     full_k, full_v, tables, qs, ks, vs, slots = [], [], [], [], [], [], []
     next_block = 0
     for cached, new in shapes:
@@ -79,7 +78,7 @@ def test_mixed_batch_matches_reference(backend_cls, sliding_window):
     qsl = torch.tensor([0] + list(torch.tensor(qlens).cumsum(0)), dtype=torch.long)
     md = AttentionMetadata(
         num_tokens=sum(qlens),
-        num_decodes=2,
+        num_decodes=num_decodes,
         query_start_loc=qsl,
         seq_lens=torch.tensor(seq_lens),
         slot_mapping=torch.tensor(slots),
@@ -87,7 +86,7 @@ def test_mixed_batch_matches_reference(backend_cls, sliding_window):
         block_size=BLOCK,
         query_lens_list=qlens,
         seq_lens_list=seq_lens,
-        max_decode_seq_len=max(seq_lens[:2]),
+        max_decode_seq_len=max(seq_lens[:num_decodes], default=0),
     )
     out = backend.forward(torch.cat(qs), torch.cat(ks), torch.cat(vs), (k_cache, v_cache), md)
     for i in range(len(shapes)):
@@ -98,6 +97,41 @@ def test_mixed_batch_matches_reference(backend_cls, sliding_window):
     for i, table in enumerate(tables):
         for pos in range(shapes[i][0], seq_lens[i]):
             torch.testing.assert_close(k_cache[table[pos // BLOCK], pos % BLOCK], full_k[i][pos])
+    return md
+
+
+@pytest.mark.parametrize("backend_cls", [TorchSDPABackend, PagedAttentionBackend])
+@pytest.mark.parametrize("sliding_window", [None, 3])
+def test_mixed_batch_matches_reference(backend_cls, sliding_window):
+    # (cached context, new tokens): two decodes, a fresh prefill, a chunk after cached context.
+    shapes = [(6, 1), (1, 1), (0, 7), (5, 4)]
+    backend = backend_cls(HEADS, DIM, KV_HEADS, 1 / math.sqrt(DIM), sliding_window)
+    check_batch(backend, shapes, 2, sliding_window)
+
+
+@pytest.mark.parametrize("sliding_window", [None, 5])
+def test_decodes_grouped_by_length_match_reference(monkeypatch, sliding_window):
+    """Decodes of very different lengths split into several groups, plus a prefill after them."""
+    monkeypatch.setattr(paged, "GROUP_SPLIT_MIN_SAVING", 0)
+    shapes = [(3, 1), (40, 1), (0, 1), (17, 1), (41, 1), (9, 1), (25, 1), (0, 6)]
+    backend = PagedAttentionBackend(HEADS, DIM, KV_HEADS, 1 / math.sqrt(DIM), sliding_window)
+    md = check_batch(backend, shapes, 7, sliding_window, seed=3)
+    assert len(md.backend_cache["paged_decode_groups"]) > 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 300), min_size=1, max_size=40), st.sampled_from([1, 4, 16]),
+       st.integers(0, 2000))
+def test_decode_groups_partition_rows(lens, block_size, min_saving):
+    groups = paged.plan_decode_groups(lens, block_size, min_saving)
+    rows = np.concatenate(groups)
+    assert sorted(rows.tolist()) == list(range(len(lens)))
+    # Groups run longest first and never overlap in length.
+    maxima = [max(lens[i] for i in g) for g in groups]
+    minima = [min(lens[i] for i in g) for g in groups]
+    assert all(lo >= hi for lo, hi in zip(minima, maxima[1:], strict=False))
+    if min_saving >= 300 * len(lens):
+        assert len(groups) == 1
 
 
 def test_single_decode_fast_path():
