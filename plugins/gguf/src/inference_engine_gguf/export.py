@@ -1,0 +1,325 @@
+"""Write a transformers Llama/Qwen2/Qwen3(-MoE) model to GGUF, laid out as llama.cpp's converter does.
+
+For tests and benchmarks: tensor names come from the ``gguf`` package's own
+name map (``gguf.get_tensor_name_map``), metadata keys from its writer, and
+llama's q/k rows are permuted exactly as ``convert_hf_to_gguf.py`` does.
+Quantization uses ``gguf.quants.quantize`` where the package implements it
+(F16, BF16, Q4_0..Q8_0, MXFP4). For the K-quants, which the package can only
+dequantize, :func:`quantize_k` is a simple min/max encoder (not llama.cpp's
+error-minimising search): valid blocks, a little less accurate.
+
+:func:`export_to_gguf` returns what the file holds, dequantized by the
+``gguf`` package's numpy reference, by transformers name and in transformers
+row order, so a test can load exactly those weights into the transformers model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import torch
+from gguf import GGUFWriter, quants
+from gguf.constants import QK_K, GGMLQuantizationType
+
+__all__ = ["export_to_gguf", "llama_permute", "quantize", "quantize_k"]
+
+T = GGMLQuantizationType
+_ARCHES = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2,
+           "qwen3": gguf.MODEL_ARCH.QWEN3, "qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE}
+K_TYPES = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K)
+
+
+def llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """``convert_hf_to_gguf.LlamaModel.permute``: rotate-half rows to interleaved pairs."""
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+# ------------------------------------------------------------------ K-quant encoders
+
+
+def _f16(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16)
+
+
+def _safe_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(b == 0, 0.0, a / np.where(b == 0, 1.0, b)).astype(np.float32)
+
+
+def _affine_fit(x: np.ndarray, levels: int, scale_bits: int) -> tuple[Any, ...]:
+    """Sub-block scales and mins for ``x [n, subs, size]`` with q in ``[0, levels]``."""
+    mn = np.maximum(0.0, -x.min(axis=-1))  # [n, subs], subtracted
+    scale = (x.max(axis=-1) + mn) / levels
+    top = (1 << scale_bits) - 1
+    d = _f16(scale.max(axis=-1, keepdims=True) / top)
+    dmin = _f16(mn.max(axis=-1, keepdims=True) / top)
+    d32, dmin32 = d.astype(np.float32), dmin.astype(np.float32)
+    sc = np.clip(np.rint(_safe_div(scale, d32)), 0, top).astype(np.uint8)
+    m = np.clip(np.rint(_safe_div(mn, dmin32)), 0, top).astype(np.uint8)
+    step = (d32 * sc)[..., None]
+    q = np.rint(_safe_div(x + (dmin32 * m)[..., None], step))
+    q = np.clip(q, 0, levels).astype(np.uint8)
+    return d, dmin, sc, m, q
+
+
+def _pack_k4_scales(sc: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Inverse of the 12-byte 6-bit scale/min layout of Q4_K and Q5_K."""
+    out = np.empty((sc.shape[0], 12), dtype=np.uint8)
+    out[:, 0:4] = (sc[:, 0:4] & 0x3F) | ((sc[:, 4:8] >> 4) << 6)
+    out[:, 4:8] = (m[:, 0:4] & 0x3F) | ((m[:, 4:8] >> 4) << 6)
+    out[:, 8:12] = (sc[:, 4:8] & 0x0F) | ((m[:, 4:8] & 0x0F) << 4)
+    return out
+
+
+def _pack_nibbles_k(q: np.ndarray) -> np.ndarray:
+    """``q [n, 8, 32]`` (4-bit) -> 128 bytes: byte ``c*32+l`` = sub ``2c`` low, ``2c+1`` high."""
+    q = q.reshape(-1, 4, 2, 32)
+    return (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(-1, 128)
+
+
+def _pack_2bit(q: np.ndarray) -> np.ndarray:
+    """256 2-bit values -> 64 bytes: value ``c*128 + s*32 + l`` in bits ``2s`` of byte ``c*32+l``."""
+    q = q.reshape(-1, 2, 4, 32)
+    out = np.zeros((q.shape[0], 2, 32), dtype=np.uint8)
+    for s in range(4):
+        out |= (q[:, :, s] & 3) << (2 * s)
+    return out.reshape(-1, 64)
+
+
+def _q2_k(x: np.ndarray) -> np.ndarray:
+    n = x.shape[0]
+    d, dmin, sc, m, q = _affine_fit(x.reshape(n, 16, 16), 3, 4)
+    scales = (sc & 0x0F) | (m << 4)
+    return np.concatenate([scales, _pack_2bit(q), d.view(np.uint8), dmin.view(np.uint8)], axis=1)
+
+
+def _q3_k(x: np.ndarray) -> np.ndarray:
+    n = x.shape[0]
+    sub = x.reshape(n, 16, 16)
+    scale = np.abs(sub).max(axis=-1) / 4  # q in [-4, 3]
+    d = _f16(scale.max(axis=-1, keepdims=True) / 31)
+    d32 = d.astype(np.float32)
+    sc = np.clip(np.rint(_safe_div(scale, d32)), -32, 31).astype(np.int8)
+    q = np.clip(np.rint(_safe_div(sub, (d32 * sc)[..., None])), -4, 3).astype(np.int8)
+    u = (q + 4).astype(np.uint8).reshape(n, 256)
+    hbits = u >> 2
+    hmask = np.zeros((n, 32), dtype=np.uint8)
+    for s in range(8):
+        hmask |= hbits[:, s * 32 : (s + 1) * 32] << s
+    us = (sc.astype(np.int16) + 32).astype(np.uint8)  # 6-bit
+    scales = np.zeros((n, 12), dtype=np.uint8)
+    for j in range(16):
+        scales[:, j % 8] |= (us[:, j] & 0x0F) << (4 * (j // 8))
+        scales[:, 8 + j % 4] |= ((us[:, j] >> 4) & 0x03) << (2 * (j // 4))
+    return np.concatenate([hmask, _pack_2bit(u & 3), scales, d.view(np.uint8)], axis=1)
+
+
+def _q4_k(x: np.ndarray) -> np.ndarray:
+    n = x.shape[0]
+    d, dmin, sc, m, q = _affine_fit(x.reshape(n, 8, 32), 15, 6)
+    return np.concatenate([d.view(np.uint8), dmin.view(np.uint8), _pack_k4_scales(sc, m),
+                           _pack_nibbles_k(q)], axis=1)
+
+
+def _q5_k(x: np.ndarray) -> np.ndarray:
+    n = x.shape[0]
+    d, dmin, sc, m, q = _affine_fit(x.reshape(n, 8, 32), 31, 6)
+    qh = np.zeros((n, 32), dtype=np.uint8)
+    for j in range(8):
+        qh |= ((q[:, j] >> 4) & 1) << j
+    return np.concatenate([d.view(np.uint8), dmin.view(np.uint8), _pack_k4_scales(sc, m), qh,
+                           _pack_nibbles_k(q & 0x0F)], axis=1)
+
+
+def _q6_k(x: np.ndarray) -> np.ndarray:
+    n = x.shape[0]
+    sub = x.reshape(n, 16, 16)
+    scale = np.abs(sub).max(axis=-1) / 32  # q in [-32, 31]
+    d = _f16(scale.max(axis=-1, keepdims=True) / 127)
+    d32 = d.astype(np.float32)
+    sc = np.clip(np.rint(_safe_div(scale, d32)), -128, 127).astype(np.int8)
+    q = np.clip(np.rint(_safe_div(sub, (d32 * sc)[..., None])), -32, 31)
+    u = (q + 32).astype(np.uint8).reshape(n, 256)
+    ql = np.zeros((n, 2, 64), dtype=np.uint8)
+    qh = np.zeros((n, 2, 32), dtype=np.uint8)
+    halves = u.reshape(n, 2, 128)
+    for s in range(2):  # low nibbles: value a*128 + s*64 + l -> ql[a*64 + l] nibble s
+        ql |= (halves[:, :, s * 64 : (s + 1) * 64] & 0x0F) << (4 * s)
+    for s in range(4):  # high 2 bits: value b*128 + s*32 + l -> qh[b*32 + l] bits 2s
+        qh |= ((halves[:, :, s * 32 : (s + 1) * 32] >> 4) & 0x03) << (2 * s)
+    return np.concatenate([ql.reshape(n, 128), qh.reshape(n, 64), sc.view(np.uint8),
+                           d.view(np.uint8)], axis=1)
+
+
+_K_ENCODERS: dict[GGMLQuantizationType, Callable[[np.ndarray], np.ndarray]] = {
+    T.Q2_K: _q2_k, T.Q3_K: _q3_k, T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k,
+}
+
+
+def quantize_k(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+    """Rows ``[..., K]`` (K a multiple of 256) -> K-quant bytes ``[..., K/256*type_size]``."""
+    values = np.asarray(values, dtype=np.float32)
+    lead, k = values.shape[:-1], values.shape[-1]
+    if k % QK_K:
+        raise ValueError(f"{qtype.name} needs rows that are multiples of {QK_K}, got {k}")
+    blocks = _K_ENCODERS[qtype](values.reshape(-1, QK_K))
+    return blocks.reshape(*lead, -1)
+
+
+def quantize(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+    """Stored form of ``values`` in ``qtype`` (gguf's quantizer, or :func:`quantize_k`)."""
+    if qtype in _K_ENCODERS:
+        return quantize_k(values, qtype)
+    return quants.quantize(np.ascontiguousarray(values, dtype=np.float32), qtype)
+
+
+# ------------------------------------------------------------------------- export
+
+TypeChooser = Callable[[str, tuple[int, ...]], GGMLQuantizationType]
+
+
+def export_to_gguf(model: Any, tokenizer: Any, path: str | Path,
+                   qtype: GGMLQuantizationType | TypeChooser = T.F16,
+                   chat_template: str | None = None,
+                   extra_control_tokens: int = 0) -> dict[str, torch.Tensor]:
+    """Write ``model`` (a transformers causal LM) and its byte-level BPE ``tokenizer`` to ``path``.
+
+    Args:
+        model: ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM`` or
+            ``Qwen3MoeForCausalLM``.
+        tokenizer: a transformers fast tokenizer with a BPE model (gpt2 style).
+        path: the ``.gguf`` file to write.
+        qtype: the GGML type of every 2-D weight, or a function of
+            (transformers name, shape) choosing it. 1-D tensors are F32.
+        chat_template: stored as ``tokenizer.chat_template`` (default: the tokenizer's).
+        extra_control_tokens: filler control tokens appended to reach the model's vocab.
+
+    Returns:
+        transformers name -> the float32 values the file stores (dequantized
+        with ``gguf.quants.dequantize``), in transformers row order.
+    """
+    cfg = model.config
+    arch = _ARCHES[cfg.model_type]
+    arch_name = gguf.MODEL_ARCH_NAMES[arch]
+    state = {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
+    n_layers = cfg.num_hidden_layers
+    name_map = gguf.get_tensor_name_map(arch, n_layers)
+    writer = GGUFWriter(str(path), arch_name)
+    _write_hparams(writer, cfg)
+    _write_tokenizer(writer, tokenizer, chat_template, extra_control_tokens)
+    choose = qtype if callable(qtype) else (lambda name, shape, _t=qtype: _t)
+    stored: dict[str, torch.Tensor] = {}
+    experts = _stack_experts(state, cfg)
+    for name, values in list(state.items()) + list(experts.items()):
+        if name.endswith("rotary_emb.inv_freq") or ".experts." in name and name not in experts:
+            continue
+        if name == "lm_head.weight" and getattr(cfg, "tie_word_embeddings", False):
+            continue
+        ggml_name = name_map.get_name(name, try_suffixes=(".weight", ".bias"))
+        if ggml_name is None:
+            raise ValueError(f"gguf has no GGML name for {name!r}")
+        t = choose(name, values.shape) if values.ndim >= 2 else T.F32
+        data = quantize(values, t) if t != T.F32 else values.astype(np.float32)
+        stored[name] = torch.from_numpy(quants.dequantize(data, t).astype(np.float32).copy())
+        if cfg.model_type == "llama" and ("q_proj" in name or "k_proj" in name):
+            heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
+            data = llama_permute(data, heads)  # rows move whole: same as permuting first
+        writer.add_tensor(ggml_name, np.ascontiguousarray(data),
+                          raw_dtype=t if t not in (T.F32, T.F16) else None)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return _unstack_experts(stored, cfg)
+
+
+def _write_hparams(writer: GGUFWriter, cfg: Any) -> None:
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    theta = getattr(cfg, "rope_theta", None)
+    if theta is None:
+        theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+    writer.add_rope_freq_base(float(theta))
+    if cfg.model_type == "qwen3_moe":
+        writer.add_expert_count(cfg.num_experts)
+        writer.add_expert_used_count(cfg.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    writer.add_file_type(1)
+
+
+def _write_tokenizer(writer: GGUFWriter, tokenizer: Any, chat_template: str | None,
+                     extra_control_tokens: int) -> None:
+    """What ``convert_hf_to_gguf``'s ``_set_vocab_gpt2`` writes for a BPE tokenizer."""
+    import json
+
+    model = json.loads(tokenizer.backend_tokenizer.to_str())["model"]
+    vocab: dict[str, int] = model["vocab"]
+    added = {t.content: (i, t.special) for i, t in tokenizer.added_tokens_decoder.items()}
+    size = max([*vocab.values(), *(i for i, _ in added.values())]) + 1
+    tokens = [f"[PAD{i}]" for i in range(size)]
+    types = [gguf.TokenType.UNUSED] * size
+    for text, i in vocab.items():
+        tokens[i], types[i] = text, gguf.TokenType.NORMAL
+    for text, (i, special) in added.items():
+        tokens[i] = text
+        types[i] = gguf.TokenType.CONTROL if special else gguf.TokenType.USER_DEFINED
+    for j in range(extra_control_tokens):
+        tokens.append(f"<|filler_{j}|>")
+        types.append(gguf.TokenType.CONTROL)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([int(t) for t in types])
+    writer.add_token_merges(merges)
+    for token, add in (("bos", writer.add_bos_token_id), ("eos", writer.add_eos_token_id),
+                       ("pad", writer.add_pad_token_id)):
+        idx = getattr(tokenizer, f"{token}_token_id", None)
+        if idx is not None:
+            add(int(idx))
+    writer.add_add_bos_token(False)
+    template = chat_template or getattr(tokenizer, "chat_template", None)
+    if template:
+        writer.add_chat_template(template)
+
+
+def _stack_experts(state: dict[str, np.ndarray], cfg: Any) -> dict[str, np.ndarray]:
+    """Per-expert HF tensors -> llama.cpp's stacked ``[E, N, K]`` tensors (Qwen3-MoE)."""
+    if cfg.model_type != "qwen3_moe":
+        return {}
+    out = {}
+    for layer in range(cfg.num_hidden_layers):
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            base = f"model.layers.{layer}.mlp.experts"
+            names = [f"{base}.{e}.{proj}.weight" for e in range(cfg.num_experts)]
+            if all(n in state for n in names):
+                out[f"{base}.{proj}.weight"] = np.stack([state[n] for n in names])
+    return out
+
+
+def _unstack_experts(stored: dict[str, torch.Tensor], cfg: Any) -> dict[str, torch.Tensor]:
+    if cfg.model_type != "qwen3_moe":
+        return stored
+    out = {}
+    for name, values in stored.items():
+        base, _, leaf = name.rpartition(".experts.")
+        if base and leaf.count(".") == 1:  # model.layers.N.mlp.experts.proj.weight
+            for e, expert in enumerate(values.unbind(0)):
+                out[f"{base}.experts.{e}.{leaf}"] = expert.clone()
+        else:
+            out[name] = values
+    return out

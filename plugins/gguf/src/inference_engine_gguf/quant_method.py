@@ -1,0 +1,326 @@
+"""The ``gguf`` quantization method: linear weights stay in their GGML blocks.
+
+Each linear layer holds its checkpoint tensors exactly as stored in the file
+(``uint8 [rows, row_bytes]`` for block types, the float dtype itself for
+F32/F16/BF16). A matmul dequantizes the weight in tiles of rows into the
+compute dtype and multiplies tile by tile, so at most one tile of dense weight
+exists at a time and the model's resident weights are the file's bytes.
+
+Fused layers (q/k/v, gate/up) may mix types (llama.cpp's ``Q4_K_M`` stores some
+``attn_v``/``ffn_down`` as Q6_K): adjacent parts of one type share one buffer,
+a "segment", and each segment is dequantized on its own.
+
+The token embedding and LM head are not linear layers of the quant method;
+:meth:`GGUFMethod.process_model_after_loading` swaps them for
+:class:`GGMLEmbedding` / :class:`GGMLLMHead`, which hold the raw blocks too.
+
+``dequantize_at_load`` (opt-in) instead dequantizes everything once at load:
+more memory, plain dense matmuls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from gguf.constants import GGMLQuantizationType
+from torch import nn
+
+from inference_engine.builtin.quant.unquantized import UnquantizedMethod
+from inference_engine.interfaces.quant import QuantMethod
+from inference_engine.layers.weights import STACKED_PARAMS
+from inference_engine_gguf.dequant import dequantize
+from inference_engine_gguf.ggml_types import FLOAT_TYPES, check_supported, row_bytes
+
+__all__ = ["GGMLEmbedding", "GGMLLMHead", "GGUFMethod", "Segment", "model_weight_bytes"]
+
+T = GGMLQuantizationType
+# Dense values one dequantized tile may hold (16 MiB of float32).
+TILE_VALUES = 1 << 22
+_FLOAT_DTYPES = {T.F32: torch.float32, T.F16: torch.float16, T.BF16: torch.bfloat16}
+RAW_PREFIX = "gguf_raw"
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Consecutive output rows of one layer stored in one GGML type."""
+
+    # First output row of the layer this segment holds, and how many rows.
+    row_offset: int
+    num_rows: int
+    qtype: GGMLQuantizationType
+
+
+def empty_raw(qtype: GGMLQuantizationType, shape: tuple[int, int],
+              device: torch.device | None = None) -> torch.Tensor:
+    """An uninitialised stored-form tensor for ``shape = (rows, K)`` values."""
+    rows, k = shape
+    if qtype in _FLOAT_DTYPES:
+        return torch.empty(rows, k, dtype=_FLOAT_DTYPES[qtype], device=device)
+    return torch.empty(rows, row_bytes(qtype, k), dtype=torch.uint8, device=device)
+
+
+def tiled_linear(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ W.T`` for ``W`` = dequantize(raw), one tile of rows at a time.
+
+    Args:
+        x: ``[T, K]`` activations in the compute dtype.
+        raw: stored rows of W, ``[N, ...]``.
+        qtype: GGML type of ``raw``.
+        out: optional ``[T, N]`` destination (may be a column slice).
+
+    Returns:
+        ``[T, N]`` in ``x.dtype``.
+    """
+    n, k = raw.shape[0], x.shape[-1]
+    if qtype == T.F32 and x.dtype == torch.float32 and out is None:
+        return F.linear(x, raw)
+    tile_rows = max(1, TILE_VALUES // max(k, 1))
+    if n <= tile_rows and out is None:
+        return F.linear(x, _dense(raw, qtype, x.dtype))
+    if out is None:
+        out = x.new_empty(x.shape[0], n)
+    for start in range(0, n, tile_rows):
+        stop = min(n, start + tile_rows)
+        out[:, start:stop] = F.linear(x, _dense(raw[start:stop], qtype, x.dtype))
+    return out
+
+
+def _dense(raw: torch.Tensor, qtype: GGMLQuantizationType, dtype: torch.dtype) -> torch.Tensor:
+    if raw.dtype == dtype:  # a float type already in the compute dtype
+        return raw
+    return dequantize(raw, qtype).to(dtype)
+
+
+class GGUFMethod(QuantMethod):
+    """Linear layers whose weights are GGML tensors from a GGUF file.
+
+    ``checkpoint_config`` is the ``quantization_config`` the GGUF weight format
+    writes: ``tensor_types`` (checkpoint name -> GGML type name) for the
+    linear weights kept raw, ``embedding_types`` and ``gguf_file`` for the
+    embedding swap. Layers none of whose tensors are listed (e.g. a MoE router)
+    fall back to dense weights in the compute dtype.
+    """
+
+    name = "gguf"
+
+    def __init__(self, checkpoint_config: dict[str, Any] | None = None, **options: Any) -> None:
+        super().__init__(checkpoint_config, **options)
+        cfg = self.checkpoint_config
+        self.tensor_types = {name: check_supported(T[type_name], name)
+                             for name, type_name in cfg.get("tensor_types", {}).items()}
+        self.embedding_types = {name: check_supported(T[type_name], name)
+                                for name, type_name in cfg.get("embedding_types", {}).items()}
+        self.gguf_file: str | None = cfg.get("gguf_file")
+        self.dequantize_at_load = bool(options.get("dequantize_at_load", False))
+        self._dense = UnquantizedMethod()
+
+    @classmethod
+    def kernel_for(cls, platform: Any) -> str:
+        return "torch GGML dequantize (row tiles) + matmul"
+
+    # ------------------------------------------------------------ preparation
+    def create_weights(self, layer: nn.Module, prefix: str, input_size: int,
+                       output_sizes: list[int], params_dtype: torch.dtype) -> None:
+        names = _part_names(layer, prefix)
+        types = [self.tensor_types.get(name) for name in names]
+        layer.gguf_dtype = params_dtype  # type: ignore[attr-defined]
+        if all(t is None for t in types):
+            layer.gguf_segments = None  # type: ignore[attr-defined]
+            self._dense.create_weights(layer, prefix, input_size, output_sizes, params_dtype)
+            return
+        if any(t is None for t in types):
+            missing = [n for n, t in zip(names, types, strict=True) if t is None]
+            raise ValueError(f"{prefix}: the GGUF file lists types for some parts but not {missing}")
+        segments: list[Segment] = []
+        offset = 0
+        for size, qtype in zip(output_sizes, types, strict=True):
+            if segments and segments[-1].qtype == qtype:
+                last = segments[-1]
+                segments[-1] = Segment(last.row_offset, last.num_rows + size, qtype)
+            else:
+                segments.append(Segment(offset, size, qtype))
+            offset += size
+        layer.gguf_segments = segments  # type: ignore[attr-defined]
+        for i, seg in enumerate(segments):
+            layer.register_buffer(f"{RAW_PREFIX}_{i}", empty_raw(seg.qtype, (seg.num_rows, input_size)))
+        # The checkpoint-name bookkeeping works on parameters: one empty
+        # placeholder named ``weight`` whose loader writes into the segments.
+        placeholder = nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
+        placeholder.weight_loader = partial(_load_raw, layer, prefix)  # type: ignore[attr-defined]
+        layer.register_parameter("weight", placeholder)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        segments = getattr(layer, "gguf_segments", None)
+        if segments is None:
+            self._dense.process_weights_after_loading(layer)
+            return
+        if not self.dequantize_at_load:
+            return
+        dense = torch.cat([_dense(_raw(layer, i), seg.qtype, layer.gguf_dtype)
+                           for i, seg in enumerate(segments)], dim=0)
+        for i in range(len(segments)):
+            delattr(layer, f"{RAW_PREFIX}_{i}")
+        layer.gguf_segments = None
+        layer.weight = nn.Parameter(dense, requires_grad=False)
+        self._dense.process_weights_after_loading(layer)
+
+    def process_model_after_loading(self, model: nn.Module) -> None:
+        """Swap the dense token embedding / LM head for raw GGML blocks from the file."""
+        if self.dequantize_at_load or not self.gguf_file:
+            return
+        from inference_engine_gguf.format import EMBEDDING_TENSORS
+        from inference_engine_gguf.gguf_file import GGUFFile
+
+        ggml_names = {hf: ggml for ggml, hf in EMBEDDING_TENSORS.items()}
+        swap = {hf: qtype for hf, qtype in self.embedding_types.items() if qtype != T.F32}
+        if not swap:
+            return
+        file = GGUFFile(self.gguf_file)
+        raws: dict[str, torch.Tensor] = {}
+        embed_name = "model.embed_tokens.weight"
+        modules = dict(model.named_modules())
+        embed = modules.get("model.embed_tokens")
+        head = modules.get("lm_head")
+        if embed_name in swap and embed is not None:
+            device = embed.weight.device
+            raws[embed_name] = file.raw(ggml_names[embed_name]).to(device)
+            new_embed = GGMLEmbedding(raws[embed_name], swap[embed_name], embed.weight.dtype)
+            _replace(model, "model.embed_tokens", new_embed)
+            if head is not None and getattr(head, "is_tied", False):
+                _replace(model, "lm_head", GGMLLMHead(raws[embed_name], swap[embed_name],
+                                                      embed.weight.dtype, is_tied=True))
+        if "lm_head.weight" in swap and head is not None and not getattr(head, "is_tied", False):
+            raw = file.raw(ggml_names["lm_head.weight"]).to(head.weight.device)
+            _replace(model, "lm_head", GGMLLMHead(raw, swap["lm_head.weight"], head.weight.dtype))
+
+    # ---------------------------------------------------------------- runtime
+    def apply(self, layer: nn.Module, x: torch.Tensor,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+        segments = layer.gguf_segments
+        if segments is None:
+            return F.linear(x, layer.weight, bias)
+        if len(segments) == 1:
+            y = tiled_linear(x, _raw(layer, 0), segments[0].qtype)
+        else:
+            y = x.new_empty(x.shape[0], layer.output_size)
+            for i, seg in enumerate(segments):
+                cols = y[:, seg.row_offset : seg.row_offset + seg.num_rows]
+                cols.copy_(tiled_linear(x, _raw(layer, i), seg.qtype))
+        if bias is not None:
+            y = y + bias
+        return y
+
+    def weight_memory_bytes(self, layer: nn.Module) -> int:
+        """Bytes of the stored blocks (or dense weight) plus the bias."""
+        tensors = list(layer.parameters(recurse=False))
+        tensors += [b for n, b in layer.named_buffers(recurse=False) if n.startswith(RAW_PREFIX)]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _raw(layer: nn.Module, i: int) -> torch.Tensor:
+    return getattr(layer, f"{RAW_PREFIX}_{i}")
+
+
+def _part_names(layer: nn.Module, prefix: str) -> list[str]:
+    """Checkpoint weight names of each part of ``layer`` (one name when unfused)."""
+    shard_ids = getattr(layer, "shard_ids", [0])
+    if len(shard_ids) <= 1:
+        return [f"{prefix}.weight"]
+    parent, _, fused = prefix.rpartition(".")
+    by_part = {sid: ckpt for ckpt, (mod, sid) in STACKED_PARAMS.items() if mod == fused}
+    return [f"{parent}.{by_part[sid]}.weight" for sid in shard_ids]
+
+
+def _load_raw(layer: nn.Module, prefix: str, param: torch.Tensor, loaded: torch.Tensor,
+              shard_id: int | str | None = None) -> None:
+    """Copy one checkpoint tensor (stored form) into the rows of its segment."""
+    if shard_id is None:
+        offset, size = 0, layer.output_size
+        where = f"{prefix}.weight"
+    else:
+        offset, size = layer.shard_rows(shard_id)
+        where = f"{prefix}.weight (part {shard_id!r})"
+    for i, seg in enumerate(layer.gguf_segments):
+        if seg.row_offset <= offset < seg.row_offset + seg.num_rows:
+            target = _raw(layer, i).narrow(0, offset - seg.row_offset, size)
+            if target.shape != loaded.shape or target.dtype != loaded.dtype:
+                raise ValueError(
+                    f"{where}: the GGUF tensor has shape {tuple(loaded.shape)} ({loaded.dtype}), "
+                    f"the {seg.qtype.name} layer expects {tuple(target.shape)} ({target.dtype})"
+                )
+            target.copy_(loaded)
+            return
+    raise ValueError(f"{where}: rows {offset}:{offset + size} lie in no segment")
+
+
+class GGMLEmbedding(nn.Module):
+    """Token embedding over raw GGML rows: gathers rows, then dequantizes only those."""
+
+    def __init__(self, raw: torch.Tensor, qtype: GGMLQuantizationType, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.qtype = qtype
+        self.dtype = dtype
+        self.vocab_size = raw.shape[0]
+        self.register_buffer(RAW_PREFIX, raw)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The whole table dequantized (slow; for callers that need the dense matrix)."""
+        return _dense(self.gguf_raw, self.qtype, self.dtype)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``input_ids [T]`` -> ``[T, hidden]``."""
+        return _dense(self.gguf_raw.index_select(0, input_ids), self.qtype, self.dtype)
+
+    def extra_repr(self) -> str:
+        return f"vocab={self.vocab_size}, type={self.qtype.name}"
+
+
+class GGMLLMHead(nn.Module):
+    """LM head over raw GGML rows (shared with the embedding when tied)."""
+
+    def __init__(self, raw: torch.Tensor, qtype: GGMLQuantizationType, dtype: torch.dtype,
+                 is_tied: bool = False) -> None:
+        super().__init__()
+        self.qtype = qtype
+        self.dtype = dtype
+        self.is_tied = is_tied
+        self.vocab_size = raw.shape[0]
+        self.register_buffer(RAW_PREFIX, raw)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The whole matrix dequantized (slow; for callers that need the dense matrix)."""
+        return _dense(self.gguf_raw, self.qtype, self.dtype)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden [n, hidden]`` -> float32 logits ``[n, vocab]``."""
+        return tiled_linear(hidden, self.gguf_raw, self.qtype).float()
+
+    def extra_repr(self) -> str:
+        return f"vocab={self.vocab_size}, type={self.qtype.name}, tied={self.is_tied}"
+
+
+def _replace(model: nn.Module, dotted: str, module: nn.Module) -> None:
+    parent_name, _, child = dotted.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, module)
+
+
+def model_weight_bytes(model: nn.Module) -> int:
+    """Bytes of every weight the model holds: parameters plus raw GGML buffers, each once."""
+    tensors = [p for _, p in model.named_parameters()]
+    tensors += [b for n, b in model.named_buffers() if n.rsplit(".", 1)[-1].startswith(RAW_PREFIX)]
+    seen: set[int] = set()
+    total = 0
+    for t in tensors:
+        if t.numel() == 0 or t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
+    return total

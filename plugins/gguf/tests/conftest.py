@@ -1,0 +1,46 @@
+"""Tiny random transformers models exported to GGUF (no downloads)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from inference_engine.testing import train_tiny_tokenizer
+
+# K-quants need rows that are multiples of 256, so every matrix has K = 256 or 512.
+SHAPES = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+              max_position_embeddings=512)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return train_tiny_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def make_hf_model(tokenizer):
+    """``(arch, seed=0, **overrides)`` -> a random float32 transformers model, eval mode."""
+
+    def make(arch: str, seed: int = 0, **overrides):
+        params = dict(SHAPES, vocab_size=len(tokenizer), tie_word_embeddings=False,
+                      eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+                      pad_token_id=tokenizer.pad_token_id)
+        params.update(overrides)
+        config_cls, model_cls = {
+            "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+            "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+            "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+        }[arch]
+        torch.manual_seed(seed)
+        model = model_cls(config_cls(**params)).float().eval()
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() == 2:  # a wider spread than the default init: decisive greedy picks
+                    p.normal_(0.0, 0.08)
+                elif p.dim() == 1:
+                    p.uniform_(0.8, 1.2)
+        return model
+
+    return make

@@ -1,0 +1,115 @@
+"""Greedy tokens through the engine from a GGUF file equal transformers on the same weights.
+
+The reference is the transformers model holding exactly the values the file
+stores, dequantized by the ``gguf`` package's numpy code. Where a token
+differs it must be a genuine near-tie of the reference (top-2 within 1e-4).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf.constants import GGMLQuantizationType as T
+
+from inference_engine import LLM, SamplingParams
+from inference_engine_gguf.export import export_to_gguf
+
+NEW_TOKENS = 12
+PROMPTS = ["The quick brown fox", "héllo wörld, naïve café", "def add(a, b):"]
+SMALL_KV = 1 << 22
+
+
+def q4_k_m(name: str, shape: tuple[int, ...]) -> T:
+    """Roughly llama.cpp's Q4_K_M mix: Q6_K for v, down and the output head."""
+    return T.Q6_K if any(k in name for k in ("v_proj", "down_proj", "lm_head")) else T.Q4_K
+
+
+def only_linears(qtype: T):
+    """``qtype`` for the layers' matrices, F16 for the embedding and head."""
+    return lambda name, shape: qtype if "layers" in name else T.F16
+
+
+CASES = {
+    "qwen3-F16": ("qwen3", T.F16, {}),
+    "qwen3-BF16": ("qwen3", T.BF16, {}),
+    "qwen3-Q8_0": ("qwen3", T.Q8_0, {}),
+    "qwen3-Q4_0": ("qwen3", T.Q4_0, {}),
+    "qwen3-Q5_1": ("qwen3", T.Q5_1, {}),
+    "qwen3-Q2_K": ("qwen3", only_linears(T.Q2_K), {}),
+    "qwen3-Q3_K": ("qwen3", only_linears(T.Q3_K), {}),
+    "qwen3-Q4_K": ("qwen3", T.Q4_K, {}),
+    "qwen3-Q5_K": ("qwen3", T.Q5_K, {}),
+    "qwen3-Q6_K": ("qwen3", T.Q6_K, {}),
+    "qwen3-Q4_K_M": ("qwen3", q4_k_m, {}),
+    "qwen3-Q4_K-tied": ("qwen3", T.Q4_K, {"tie_word_embeddings": True}),
+    "qwen3-MXFP4": ("qwen3", only_linears(T.MXFP4), {}),
+    "llama-F16": ("llama", T.F16, {}),
+    "llama-Q4_K_M": ("llama", q4_k_m, {}),
+    "llama-Q4_1": ("llama", T.Q4_1, {}),
+    "llama-Q5_0": ("llama", T.Q5_0, {}),
+    "qwen2-Q8_0": ("qwen2", T.Q8_0, {}),
+}
+
+
+def reference_continuations(model, stored, prompt_ids):
+    model.load_state_dict({**model.state_dict(), **stored})
+    model.generation_config.eos_token_id = None
+    conts = []
+    for ids in prompt_ids:
+        x = torch.tensor([ids])
+        with torch.no_grad():
+            out = model.generate(x, do_sample=False, max_new_tokens=NEW_TOKENS,
+                                 attention_mask=torch.ones_like(x))
+        conts.append(out[0, len(ids):].tolist())
+    return conts
+
+
+def assert_greedy_matches(model, prompt_ids, ours, ref):
+    for pos, (a, b) in enumerate(zip(ours, ref, strict=True)):
+        if a == b:
+            continue
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt_ids + ref[:pos]])).logits[0, -1]
+        top2 = logits.topk(2)
+        gap = float(top2.values[0] - top2.values[1])
+        assert gap < 1e-4 and {a, b} <= set(top2.indices.tolist()), (
+            f"token {pos} differs ({a} vs reference {b}) and the reference's top-2 gap is {gap:.2e}"
+        )
+        return
+
+
+def run_engine(path, prompt_ids, **kwargs):
+    llm = LLM(str(path), dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV, **kwargs)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False)
+    return llm, [list(o.outputs[0].token_ids) for o in outs]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_greedy_tokens_match_transformers(case, tmp_path, tokenizer, make_hf_model):
+    arch, qtype, overrides = CASES[case]
+    model = make_hf_model(arch, seed=len(case), **overrides)
+    path = tmp_path / "model.gguf"
+    stored = export_to_gguf(model, tokenizer, path, qtype)
+    prompt_ids = [tokenizer.encode(p) for p in PROMPTS]
+    ref = reference_continuations(model, stored, prompt_ids)
+    llm, ours = run_engine(path, prompt_ids)
+    assert llm.get_tokenizer()("The quick brown fox")["input_ids"] == prompt_ids[0]
+    # The layers really hold the file's blocks, not dense copies.
+    qkv = llm.engine.model.model.layers[0].self_attn.qkv_proj
+    assert qkv.gguf_segments is not None and qkv.weight.numel() == 0
+    for ids, a, b in zip(prompt_ids, ours, ref, strict=True):
+        assert_greedy_matches(model, ids, a, b)
+
+
+def test_dequantize_at_load_gives_the_same_tokens(tmp_path, tokenizer, make_hf_model):
+    model = make_hf_model("qwen3", seed=3)
+    path = tmp_path / "model.gguf"
+    stored = export_to_gguf(model, tokenizer, path, q4_k_m)
+    prompt_ids = [tokenizer.encode(p) for p in PROMPTS]
+    ref = reference_continuations(model, stored, prompt_ids)
+    llm, ours = run_engine(path, prompt_ids, dequantize_at_load=True)
+    for ids, a, b in zip(prompt_ids, ours, ref, strict=True):
+        assert_greedy_matches(model, ids, a, b)
+    qkv = llm.engine.model.model.layers[0].self_attn.qkv_proj
+    assert qkv.weight.dtype == torch.float32 and qkv.weight.shape == (256 + 2 * 128, 256)
