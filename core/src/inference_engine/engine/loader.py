@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,11 +91,16 @@ def _hf_config(config_dict: dict[str, Any]) -> Any:
         raise ValueError(f"config.json: transformers does not know model_type {model_type!r}: {exc}") from exc
 
 
-def _quant_method(quant: QuantConfig, hf_config: Any) -> Any:
+def _quant_method(quant: QuantConfig, hf_config: Any, path: str = "") -> Any:
     registry = get_plugins().registry
     checkpoint_cfg = getattr(hf_config, "quantization_config", None)
     if checkpoint_cfg is not None and not isinstance(checkpoint_cfg, dict):
         checkpoint_cfg = checkpoint_cfg.to_dict()
+    modelopt_file = os.path.join(path, "hf_quant_config.json")
+    if checkpoint_cfg is None and os.path.isfile(modelopt_file):
+        # ModelOpt exports may describe their quantization only in this file.
+        with open(modelopt_file) as f:
+            checkpoint_cfg = {"quant_method": "modelopt", **json.load(f)}
     name = quant.method or (checkpoint_cfg or {}).get("quant_method") or "unquantized"
     cls = registry.resolve("quantization", name)
     return cls(checkpoint_cfg, dequantize_at_load=quant.dequantize_at_load)
@@ -126,7 +133,7 @@ def load_model(
     ctx = ModelContext(
         hf_config=hf_config,
         dtype=dtype,
-        quant_method=_quant_method(quant, hf_config),
+        quant_method=_quant_method(quant, hf_config, path),
         attention_backend=backend_cls,
         device=device,
     )
