@@ -13,7 +13,7 @@ the layer:
 * ``fp8_kernel``: one of :data:`KERNEL_NAMES`.
 
 Kernel choice (:func:`choose_fp8_kernel`) asks the platform, never its class:
-CPU (or any device without FP8 math and without Triton) runs the reference
+CPU (and any device where Triton cannot run) runs the reference
 (QDQ the activation, dequantize the weight, matmul: the same numbers as the
 FP8 GEMM); GPUs without FP8 math (``fp8_dtype() is None``: SM75/80/86) run the
 Triton kernel weight-only (dequantize in the kernel, 16-bit activations);
@@ -78,14 +78,15 @@ def choose_fp8_kernel(platform: Any, blockwise: bool, dequantize_at_load: bool =
         dequantize_at_load: the user traded memory for speed (reference path only).
     """
     device_type = getattr(platform, "device_type", "cpu") if platform is not None else "cpu"
-    if device_type == "cpu" or not _has_triton():
+    if device_type == "cpu":
         return "reference_dequantized" if dequantize_at_load else "reference"
+    supports_triton = getattr(platform, "supports_triton", None)
+    triton_ok = _has_triton() and (supports_triton is None or bool(supports_triton()))
     if platform.fp8_dtype() is None:
-        return "triton_weight_only"
+        return "triton_weight_only" if triton_ok else "reference"
     if not blockwise and hasattr(torch, "_scaled_mm"):
         return "scaled_mm"
-    return "triton"
-
+    return "triton" if triton_ok else "reference"
 
 def fp8_kernel_description(platform: Any, blockwise: bool | None = None) -> str:
     """Human name of the path(s) used on ``platform``; both schemes when ``blockwise`` is None."""
