@@ -17,4 +17,12 @@ def ie_register_quantization_methods() -> list[Spec]:
              "FP8 E4M3 checkpoints: per-tensor or 128x128 block scales"),
         Spec("ptpc_fp8", "inference_engine_quant.ptpc_fp8:PtpcFp8Method",
              "Online FP8: per-channel weight, per-token activation scales"),
+        Spec("mxfp4", "inference_engine_quant.mxfp4:Mxfp4Method",
+             "MXFP4 (E2M1 + E8M0 per 32): gpt-oss-style checkpoints or online, kept packed"),
+        Spec("mxfp8", "inference_engine_quant.mxfp8:Mxfp8Method",
+             "Online MXFP8 (E4M3 + E8M0 per 32), weight-only"),
+        Spec("nvfp4", "inference_engine_quant.nvfp4:Nvfp4Method",
+             "Online NVFP4 (E2M1 + E4M3 per 16 + FP32 global), weight-only W4A16"),
+        Spec("modelopt", "inference_engine_quant.modelopt:ModelOptMethod",
+             "ModelOpt checkpoints: NVFP4, FP8, MXFP8, MIXED_PRECISION per layer"),
     ]

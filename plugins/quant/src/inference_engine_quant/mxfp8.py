@@ -1,0 +1,151 @@
+"""``mxfp8``: E4M3 weights with an E8M0 scale per 32 elements along K.
+
+Checkpoints (ModelOpt ``quant_algo: MXFP8``, through the ``modelopt`` method)
+store ``weight`` F8_E4M3 ``[N, K]`` and ``weight_scale`` U8 ``[N, K/32]``;
+``--quantization mxfp8`` quantizes a bf16/fp32 checkpoint online with the OCP
+rule (``floor(log2(amax)) - 8``). Inside the engine the FP8 values are held in
+the (K, N) layout like every FP8 weight (scales ``[K/32, N]``), transposed once
+at load. The matmul dequantizes K slices of whole scale blocks and multiplies
+in the activation dtype; activations are not quantized (weight-only), which
+is also how GPUs without MX tensor cores run it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inference_engine_quant.mx_block import MX_BLOCK_SIZE, dequantize_mxfp8, pad_to_block, quantize_mxfp8
+from inference_engine_quant.mx_e8m0 import ScaleRule, decode_e8m0
+from inference_engine_quant.mx_linear import (
+    DenseFormat,
+    LinearFormat,
+    PerLayerFormatMethod,
+    add_row_param,
+    is_online_target,
+    replace_params,
+    set_dense_weight,
+)
+
+__all__ = ["Mxfp8Format", "Mxfp8Method", "mxfp8_linear_reference"]
+
+# K rows of the (K, N) weight dequantized at once (a multiple of 32).
+_TILE_ELEMENTS = 1 << 20
+
+
+def mxfp8_linear_reference(x: torch.Tensor, values_kn: torch.Tensor, scales_kn: torch.Tensor,
+                           input_size: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [T, K] @ dequant(W) [K, N] (+ bias)``, dequantizing whole 32-row blocks per tile.
+
+    Args:
+        values_kn: ``[Kp, N]`` float8_e4m3fn.
+        scales_kn: ``[Kp/32, N]`` uint8 E8M0 bytes.
+        input_size: K (``Kp - K`` padding rows are skipped).
+    """
+    kp, n = values_kn.shape
+    rows = max(MX_BLOCK_SIZE, _TILE_ELEMENTS // max(n, 1) // MX_BLOCK_SIZE * MX_BLOCK_SIZE)
+    out = None
+    for k0 in range(0, input_size, rows):
+        k1 = min(input_size, k0 + rows)
+        b0, b1 = k0 // MX_BLOCK_SIZE, -(-k1 // MX_BLOCK_SIZE)
+        scale = decode_e8m0(scales_kn[b0:b1]).repeat_interleave(MX_BLOCK_SIZE, dim=0)
+        tile = (values_kn[k0:k1].float() * scale[: k1 - k0]).to(x.dtype)
+        part = x[..., k0:k1] @ tile
+        out = part if out is None else out + part
+    if bias is not None:
+        out = out + bias.to(out.dtype)
+    return out
+
+
+class Mxfp8Format(LinearFormat):
+    """MXFP8 weights of one linear layer (checkpoint ``weight``/``weight_scale`` or online).
+
+    Runtime parameters: ``weight [Kp, N]`` float8_e4m3fn and ``weight_scale
+    [Kp/32, N]`` uint8, or a dense ``weight [N, K]`` under ``dequantize_at_load``.
+    """
+
+    name = "mxfp8"
+
+    def __init__(self, online: bool, dequantize_at_load: bool = False,
+                 rule: ScaleRule = "floor") -> None:
+        self.online = online
+        self.dequantize_at_load = dequantize_at_load
+        self.rule = rule
+        self._dense = DenseFormat()
+
+    def create_weights(self, layer: nn.Module, prefix: str, input_size: int,
+                       output_sizes: list[int], params_dtype: torch.dtype) -> None:
+        layer.mx_input_size = input_size
+        layer.mx_params_dtype = params_dtype
+        if self.online:
+            self._dense.create_weights(layer, prefix, input_size, output_sizes, params_dtype)
+            return
+        n, kb = sum(output_sizes), -(-input_size // MX_BLOCK_SIZE)
+        add_row_param(layer, prefix, "weight", (n, input_size), torch.float8_e4m3fn,
+                      "F8_E4M3 values [N, K]")
+        add_row_param(layer, prefix, "weight_scale", (n, kb), torch.uint8,
+                      "U8 E8M0 scales [N, K/32]")
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        if self.online:
+            values, scales = quantize_mxfp8(layer.weight.data, self.rule)
+        else:
+            values = pad_to_block(layer.weight.data.view(torch.uint8), MX_BLOCK_SIZE)
+            values, scales = values.view(torch.float8_e4m3fn), layer.weight_scale.data
+        remove = ("weight", "weight_scale")
+        if self.dequantize_at_load:
+            dense = dequantize_mxfp8(values, scales, layer.mx_params_dtype)
+            set_dense_weight(layer, dense[:, : layer.mx_input_size], remove)
+            layer.mx_kernel = "dense"
+            return
+        replace_params(layer, remove, weight=values.t().contiguous(),
+                       weight_scale=scales.t().contiguous())
+        layer.mx_kernel = "reference"
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if layer.mx_kernel == "dense":
+            return F.linear(x, layer.weight, bias)
+        return mxfp8_linear_reference(x, layer.weight, layer.weight_scale, layer.mx_input_size,
+                                      bias)
+
+
+class Mxfp8Method(PerLayerFormatMethod):
+    """Online MXFP8 of the decoder's linear layers (``--quantization mxfp8``).
+
+    A ModelOpt checkpoint given ``--quantization mxfp8`` goes to the ``modelopt``
+    per-layer logic. Options: ``dequantize_at_load``, ``mx_scale_rule``.
+
+    Raises:
+        ValueError: for a checkpoint quantized with another method, or an unknown rule.
+    """
+
+    name = "mxfp8"
+
+    def __init__(self, checkpoint_config: dict[str, Any] | None = None, **options: Any) -> None:
+        super().__init__(checkpoint_config, **options)
+        method = self.checkpoint_config.get("quant_method")
+        self._delegate = None
+        if method == "modelopt":
+            from inference_engine_quant.modelopt import ModelOptMethod
+
+            self._delegate = ModelOptMethod(checkpoint_config, **options)
+        elif method is not None:
+            raise ValueError(f"--quantization mxfp8 cannot run a checkpoint already quantized with "
+                             f"{method!r}; drop the flag to use the checkpoint's own method")
+        rule = options.get("mx_scale_rule", "floor")
+        if rule not in ("floor", "rceil"):
+            raise ValueError(f"mx_scale_rule must be 'floor' or 'rceil', got {rule!r}")
+        self._mxfp8 = Mxfp8Format(True, self.dequantize_at_load, rule)
+        self._dense = DenseFormat()
+
+    @classmethod
+    def kernel_for(cls, platform: Any) -> str:
+        return "torch MXFP8 dequantize + matmul (reference, weight-only)"
+
+    def format_for(self, prefix: str, output_sizes: list[int]) -> LinearFormat:
+        if self._delegate is not None:
+            return self._delegate.format_for(prefix, output_sizes)
+        return self._mxfp8 if is_online_target(prefix) else self._dense
