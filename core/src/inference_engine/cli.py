@@ -96,6 +96,8 @@ def generate(
     kv_cache_memory: Annotated[Optional[int], typer.Option(help="KV pool bytes.")] = None,
     ignore_eos: Annotated[bool, typer.Option(help="Do not stop at EOS.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per prompt per line.")] = False,
+    quantization: Annotated[Optional[str], typer.Option(
+        help="Quantization method (fp8, ptpc_fp8, ...); default: the checkpoint's own.")] = None,
 ) -> None:
     """Generate completions for one or more prompts, batched together."""
     from inference_engine.entrypoints.llm import LLM
@@ -106,7 +108,8 @@ def generate(
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                 top_k=top_k, seed=seed, ignore_eos=ignore_eos)
         llm = LLM(model, dtype=dtype, attention_backend=attention_backend, block_size=block_size,
-                  kv_cache_memory=kv_cache_memory, show_progress=not as_json)
+                  kv_cache_memory=kv_cache_memory, show_progress=not as_json,
+                  quantization=quantization)
         outputs = llm.generate(list(prompt), params, use_tqdm=not as_json)
     except (ValueError, UnknownNameError, OSError, TypeError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -194,6 +197,8 @@ def serve(
     enable_prefix_caching: Annotated[bool, typer.Option(
         help="Reuse cached prompt blocks across requests.")] = True,
     attention_backend: Annotated[str, typer.Option(help="Registered attention backend.")] = "paged",
+    quantization: Annotated[Optional[str], typer.Option(
+        help="Quantization method (fp8, ptpc_fp8, ...); default: the checkpoint's own.")] = None,
     device_ids: Annotated[Optional[str], typer.Option(
         help="Comma-separated device indices to use (CUDA_VISIBLE_DEVICES is not touched).")] = None,
     platform: Annotated[Optional[str], typer.Option(help="Force a platform by name.")] = None,
@@ -229,7 +234,8 @@ def serve(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             kv_cache_memory=_parse_bytes(kv_cache_memory),
             enable_prefix_caching=enable_prefix_caching, attention_backend=attention_backend,
-            device_ids=ids, platform=platform, seed=seed)
+            device_ids=ids, platform=platform, seed=seed,
+            quantization=quantization)
         run_server(engine_config, server_config)
     except (ValueError, UnknownNameError, OSError, TypeError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -269,6 +275,25 @@ def parse(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     typer.echo(json.dumps(result, ensure_ascii=False))
+
+
+@app.command("quantize")
+def quantize(
+    model: Annotated[str, typer.Argument(help="Unquantized Hugging Face checkpoint folder.")],
+    method: Annotated[str, typer.Option(help="fp8 or fp8-block (more with the MX methods).")],
+    out: Annotated[str, typer.Option(help="Output folder for the quantized checkpoint.")],
+    layout: Annotated[Optional[str], typer.Option(
+        help="FP8 weight layout: KN (the engine's, default) or NK (HF/vLLM).")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace a non-empty --out.")] = False,
+) -> None:
+    """Write MODEL quantized with --method into --out (needs inference-engine-quant)."""
+    try:
+        from inference_engine_quant.quantize_cli import run_quantize_command
+    except ImportError as exc:
+        typer.echo("error: quantize needs inference-engine-quant: pip install "
+                   "inference-engine-quant", err=True)
+        raise typer.Exit(2) from exc
+    raise typer.Exit(run_quantize_command(model, method, out, layout, overwrite))
 
 
 def main() -> None:

@@ -20,6 +20,11 @@ requantization); static input scales of the parts are merged by their max,
 as vLLM does, since the parts share one input. Block scales of parts whose
 row counts are not multiples of the block are expanded to one row each.
 
+On a plain (16/32-bit) checkpoint, ``--quantization fp8`` quantizes online to
+the same per-tensor form, one scale per checkpoint tensor (per fused part),
+so the result equals loading what ``inference-engine quantize --method fp8``
+writes; activations are then dynamic per token.
+
 Layers named in ``ignored_layers`` / ``modules_to_not_convert`` / ``ignore``
 (exact names, ``fnmatch`` wildcards, or substrings as transformers matches
 them) stay unquantized.
@@ -32,16 +37,17 @@ from functools import partial
 from typing import Any
 
 import torch
-from torch import nn
-
 from inference_engine.builtin.quant.unquantized import UnquantizedMethod
 from inference_engine.interfaces.quant import QuantMethod
 from inference_engine.layers.weights import STACKED_PARAMS
+from torch import nn
+
 from inference_engine_quant.fp8_linear import (
     apply_fp8_linear,
     finalize_fp8_layer,
     fp8_kernel_description,
 )
+from inference_engine_quant.fp8_math import quantize_weight_per_tensor
 
 __all__ = ["Fp8Method", "checkpoint_module_names", "current_platform_or_none"]
 
@@ -93,6 +99,16 @@ class Fp8Method(QuantMethod):
     def __init__(self, checkpoint_config: dict[str, Any] | None = None, **options: Any) -> None:
         super().__init__(checkpoint_config, **options)
         cfg = self.checkpoint_config
+        # A plain checkpoint with --quantization fp8: quantize per tensor at load.
+        self.online = cfg.get("quant_method") != "fp8"
+        if self.online and cfg.get("quant_method") is not None:
+            raise ValueError(
+                f"--quantization fp8 quantizes a plain checkpoint at load, but this checkpoint is "
+                f"already quantized ({cfg.get('quant_method')!r}); drop --quantization to use "
+                f"its own method"
+            )
+        if self.online:
+            cfg = {}
         fmt = str(cfg.get("fmt", "e4m3")).lower()
         if fmt not in ("e4m3", "float8_e4m3fn"):
             raise ValueError(f"quantization_config.fmt {fmt!r} is not supported; only e4m3 is")
@@ -131,11 +147,11 @@ class Fp8Method(QuantMethod):
     def create_weights(self, layer: nn.Module, prefix: str, input_size: int,
                        output_sizes: list[int], params_dtype: torch.dtype) -> None:
         layer.fp8_quantized = not is_ignored(prefix, self.ignored)
-        if not layer.fp8_quantized:
+        layer.fp8_params_dtype = params_dtype
+        if not layer.fp8_quantized or self.online:
             self._dense.create_weights(layer, prefix, input_size, output_sizes, params_dtype)
             return
         n, k = sum(output_sizes), input_size
-        layer.fp8_params_dtype = params_dtype
         shape = (n, k) if self.layout == "NK" else (k, n)
         weight = nn.Parameter(torch.empty(shape, dtype=torch.float8_e4m3fn), requires_grad=False)
         weight.weight_loader = partial(self._load_nk, layer, name=f"{prefix}.weight",
@@ -221,6 +237,9 @@ class Fp8Method(QuantMethod):
         if not getattr(layer, "fp8_quantized", False):
             self._dense.process_weights_after_loading(layer)
             return
+        if self.online:
+            self._quantize_online(layer)
+            return
         weight_kn = layer.weight.data.t() if self.layout == "NK" else layer.weight.data
         k, n = weight_kn.shape
         input_scale = None
@@ -237,6 +256,21 @@ class Fp8Method(QuantMethod):
         finalize_fp8_layer(
             layer, weight_kn, scale_kn, block_kn, input_scale, act_quant=True,
             platform=current_platform_or_none(self.options),
+            compute_dtype=layer.fp8_params_dtype, dequantize_at_load=self.dequantize_at_load,
+        )
+
+    def _quantize_online(self, layer: nn.Module) -> None:
+        """Per-tensor FP8 per fused part, exactly as the ``quantize`` CLI writes it."""
+        weight = layer.weight.data
+        qs, scales = [], []
+        for shard_id in layer.shard_ids:
+            offset, size = layer.shard_rows(shard_id)
+            q, s = quantize_weight_per_tensor(weight.narrow(0, offset, size))
+            qs.append(q)
+            scales.append(s.expand(size))
+        finalize_fp8_layer(
+            layer, torch.cat(qs).t(), torch.cat(scales).reshape(1, -1), (weight.shape[1], 1),
+            None, act_quant=True, platform=current_platform_or_none(self.options),
             compute_dtype=layer.fp8_params_dtype, dequantize_at_load=self.dequantize_at_load,
         )
 
