@@ -1,0 +1,44 @@
+"""``bench`` runs its fixed workload; ``--device-ids`` / ``device_ids=`` reach the platform."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from inference_engine.device_ids import InvalidDeviceIdsError
+from inference_engine.entrypoints.llm import LLM
+from inference_engine.testing import make_tiny_model, run_cli
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    make_tiny_model(path)
+    return str(path)
+
+
+def test_bench_json_counts_the_fixed_workload(tiny_model):
+    result = run_cli("bench", "--model", tiny_model, "--num-prompts", "3", "--input-len", "5",
+                     "--output-len", "4", "--device-ids", "0", "--json",
+                     "--kv-cache-memory", str(4 << 20))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["platform"] == "cpu" and report["device"].startswith("cpu (")
+    assert report["prompt_tokens"] == 3 * 5
+    assert report["generated_tokens"] == 3 * 4  # ignore_eos: every request runs to output_len
+    assert report["output_tokens_per_s"] > 0
+
+
+def test_generate_rejects_a_missing_device_naming_what_exists(tiny_model):
+    result = run_cli("generate", "--model", tiny_model, "--prompt", "hi", "--device-ids", "3")
+    assert result.returncode == 2
+    assert "no device 3; cpu has 1 device: 0 (" in result.stderr
+
+
+def test_llm_device_ids(tiny_model):
+    llm = LLM(tiny_model, device_ids=[0], kv_cache_memory=4 << 20, show_progress=False)
+    assert llm.engine.platform.device_ids == [0]
+    with pytest.raises(InvalidDeviceIdsError, match="cpu has 1 device"):
+        LLM(tiny_model, device_ids="2", show_progress=False)
+    with pytest.raises(ValueError, match="-1"):
+        LLM(tiny_model, device_ids=[-1], show_progress=False)
