@@ -98,6 +98,9 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per prompt per line.")] = False,
     quantization: Annotated[Optional[str], typer.Option(
         help="Quantization method (fp8, ptpc_fp8, ...); default: the checkpoint's own.")] = None,
+    device_ids: Annotated[Optional[str], typer.Option(
+        help="Device index to use, e.g. 1 (CUDA_VISIBLE_DEVICES is not touched).")] = None,
+    platform: Annotated[Optional[str], typer.Option(help="Force a platform by name.")] = None,
 ) -> None:
     """Generate completions for one or more prompts, batched together."""
     from inference_engine.entrypoints.llm import LLM
@@ -109,7 +112,8 @@ def generate(
                                 top_k=top_k, seed=seed, ignore_eos=ignore_eos)
         llm = LLM(model, dtype=dtype, attention_backend=attention_backend, block_size=block_size,
                   kv_cache_memory=kv_cache_memory, show_progress=not as_json,
-                  quantization=quantization)
+                  quantization=quantization,
+                  device_ids=device_ids, platform=platform)
         outputs = llm.generate(list(prompt), params, use_tqdm=not as_json)
     except (ValueError, UnknownNameError, OSError, TypeError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -217,7 +221,6 @@ def serve(
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     keys = _split(api_key) + _split([api_key_from_env()] if api_key_from_env() else [])
     try:
-        ids = [int(i) for i in _split([device_ids])] if device_ids else None
         server_config = ServerConfig(
             host=host, port=port, served_model_names=_split(served_model_name), api_keys=keys,
             enable_auth=enable_auth, enable_cors=enable_cors,
@@ -234,7 +237,7 @@ def serve(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             kv_cache_memory=_parse_bytes(kv_cache_memory),
             enable_prefix_caching=enable_prefix_caching, attention_backend=attention_backend,
-            device_ids=ids, platform=platform, seed=seed,
+            device_ids=device_ids, platform=platform, seed=seed,
             quantization=quantization)
         run_server(engine_config, server_config)
     except (ValueError, UnknownNameError, OSError, TypeError) as exc:
@@ -275,6 +278,14 @@ def parse(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     typer.echo(json.dumps(result, ensure_ascii=False))
+
+
+# Commands that live in their own modules.
+from inference_engine.env_report import env_command  # noqa: E402
+from inference_engine.offline_bench import bench_command  # noqa: E402
+
+app.command("env")(env_command)
+app.command("bench")(bench_command)
 
 
 @app.command("quantize")
