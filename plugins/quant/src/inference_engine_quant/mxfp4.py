@@ -40,6 +40,7 @@ from inference_engine_quant.mx_linear import (
     add_row_param,
     fp4_kernel_name,
     is_online_target,
+    matches_module,
     replace_params,
     set_dense_weight,
     use_triton_fp4,
@@ -142,4 +143,7 @@ class Mxfp4Method(PerLayerFormatMethod):
     def format_for(self, prefix: str, output_sizes: list[int]) -> LinearFormat:
         if self.online:
             return self._mxfp4 if is_online_target(prefix) else self._dense
-        return self._dense if is_ignored(prefix, self.ignored) else self._mxfp4
+        # transformers matches modules_to_not_convert by substring, gpt-oss's own list by
+        # wildcard on a parent module ("model.layers.*.self_attn"): accept both.
+        ignored = is_ignored(prefix, self.ignored) or matches_module(prefix, self.ignored)
+        return self._dense if ignored else self._mxfp4
