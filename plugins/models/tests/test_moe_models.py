@@ -28,7 +28,9 @@ from inference_engine.testing_parity import (
     run_step,
     saved_tensors,
 )
+from inference_engine_models.glm4_moe import Glm4MoeForCausalLM
 from inference_engine_models.granitemoe import GraniteMoeForCausalLM
+from inference_engine_models.minimax_m2 import MiniMaxM2ForCausalLM
 from inference_engine_models.qwen3_moe import Qwen3MoeForCausalLM
 
 torch.set_flush_denormal(True)
@@ -51,9 +53,25 @@ def granitemoe(vocab: int) -> Any:
         residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=4.0, **COMMON)
 
 
+def glm4_moe(vocab: int) -> Any:
+    return transformers.Glm4MoeConfig(
+        vocab_size=vocab, intermediate_size=96, moe_intermediate_size=32, head_dim=16,
+        n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1, n_group=2,
+        topk_group=1, norm_topk_prob=True, routed_scaling_factor=1.5, use_qk_norm=True,
+        attention_bias=True, partial_rotary_factor=0.5, **COMMON)
+
+
+def minimax_m2(vocab: int) -> Any:
+    return transformers.MiniMaxM2Config(
+        vocab_size=vocab, intermediate_size=32, head_dim=16, num_local_experts=8,
+        rotary_dim=8, **COMMON)
+
+
 ARCHS: dict[str, tuple[Callable[[int], Any], type]] = {
     "qwen3_moe": (qwen3_moe, Qwen3MoeForCausalLM),
     "granitemoe": (granitemoe, GraniteMoeForCausalLM),
+    "glm4_moe": (glm4_moe, Glm4MoeForCausalLM),
+    "minimax_m2": (minimax_m2, MiniMaxM2ForCausalLM),
 }
 
 
@@ -85,10 +103,13 @@ def ours(arch: str, config: Any, tensors: dict[str, torch.Tensor], backend: str 
 def test_checkpoint_has_per_expert_tensors(pair):
     """The saved format (what real checkpoints hold), not transformers' stacked state_dict."""
     arch, _, _, tensors = pair
-    if arch == "qwen3_moe":
-        assert "model.layers.0.mlp.experts.7.up_proj.weight" in tensors
-    else:
-        assert "model.layers.0.block_sparse_moe.input_linear.weight" in tensors
+    expected = {
+        "qwen3_moe": "model.layers.0.mlp.experts.7.up_proj.weight",
+        "granitemoe": "model.layers.0.block_sparse_moe.input_linear.weight",
+        "glm4_moe": "model.layers.1.mlp.experts.7.up_proj.weight",
+        "minimax_m2": "model.layers.0.block_sparse_moe.experts.7.w3.weight",
+    }[arch]
+    assert expected in tensors
 
 
 def test_single_prefill_matches_transformers(pair):
@@ -101,6 +122,8 @@ def test_single_prefill_matches_transformers(pair):
 
 def test_stacked_state_dict_loads_too(pair):
     arch, config, hf, _ = pair
+    if arch == "minimax_m2":
+        pytest.skip("transformers renames MiniMax-M2's block_sparse_moe to mlp in memory only")
     state = {k: v for k, v in hf.state_dict().items()}
     ids = tokens(7, 9)
     logits = run_step(ours(arch, config, state), [Seq(ids, 0, [1, 2])])
@@ -127,11 +150,18 @@ def test_chunked_prefill_then_mixed_decode_step(pair, backend):
     assert_close(fourth[1:], hf_logits(hf, c2)[13:])
 
 
+PER_EXPERT_NAME = {
+    "qwen3_moe": "model.layers.1.mlp.experts.3.gate_proj.weight",
+    "glm4_moe": "model.layers.1.mlp.experts.3.gate_proj.weight",
+    "minimax_m2": "model.layers.1.block_sparse_moe.experts.3.w1.weight",
+}
+
+
 def test_missing_expert_is_named_by_checkpoint_name(pair):
     arch, config, _, tensors = pair
-    if arch != "qwen3_moe":
-        pytest.skip("GraniteMoE checkpoints store experts stacked")
-    dropped = "model.layers.1.mlp.experts.3.gate_proj.weight"
+    if arch not in PER_EXPERT_NAME:
+        pytest.skip(f"{arch} checkpoints store experts stacked")
+    dropped = PER_EXPERT_NAME[arch]
     with pytest.raises(ValueError, match="1 tensor\\(s\\) missing") as err:
         ours(arch, config, {k: v for k, v in tensors.items() if k != dropped})
     assert dropped in str(err.value)

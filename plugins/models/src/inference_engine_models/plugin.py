@@ -17,4 +17,8 @@ def ie_register_models() -> list[Spec]:
              "Qwen3-MoE (softmax top-k routing)"),
         Spec("GraniteMoeForCausalLM", f"{base}.granitemoe:GraniteMoeForCausalLM",
              "GraniteMoE (Granite multipliers, top-k softmax routing)"),
+        Spec("Glm4MoeForCausalLM", f"{base}.glm4_moe:Glm4MoeForCausalLM",
+             "GLM-4.5/4.6 MoE (sigmoid grouped routing, shared experts, partial rotary)"),
+        Spec("MiniMaxM2ForCausalLM", f"{base}.minimax_m2:MiniMaxM2ForCausalLM",
+             "MiniMax-M2 (all-head q/k norm, sigmoid routing, partial rotary)"),
     ]

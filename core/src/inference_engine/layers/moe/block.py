@@ -59,7 +59,7 @@ class SparseMoeBlock(nn.Module):
                                 requires_grad=False)
             owner = gate if correction_bias == "gate" else self
             owner.register_parameter("e_score_correction_bias", bias)
-        self.correction_bias = bias
+        self._correction_bias = [bias]  # registered once, on its owner above
         self.shared_experts = (
             GatedMLP(ctx, hidden_size, shared_intermediate_size, f"{prefix}.shared_experts")
             if shared_intermediate_size else None
@@ -67,7 +67,7 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [T, hidden]`` -> ``[T, hidden]``."""
-        weights, ids = route(self._gate[0](x), self.router, self.correction_bias)
+        weights, ids = route(self._gate[0](x), self.router, self._correction_bias[0])
         out = self.experts(x, weights, ids)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
