@@ -129,3 +129,30 @@ def test_generator_reproduces_the_shipped_tables():
     for arch in ("gfx942", "gfx950"):
         for op, table in module.build(arch).items():
             assert json.loads(module._dumps(table)) == _raw(arch, op), (arch, op)
+
+
+def _brute_force_nearest_m(table, shape):
+    """Reference: same weight shape, smallest |M - m|, then smallest m (spelled out directly)."""
+    best = None
+    for s, c in table.entries:
+        if all(s[k] == shape[k] for k in table.match_keys):
+            key = (abs(s["M"] - shape["M"]), s["M"])
+            if best is None or key < best[0]:
+                best = (key, c)
+    return best[1]
+
+
+def test_lookup_matches_a_brute_force_reference_for_shipped_weight_shapes():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    tables = [load_table(a, o) for a, o in shipped_tables()]
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.sampled_from(tables), st.data(), st.integers(min_value=1, max_value=20000))
+    def check(table, data, m):
+        shape, _ = data.draw(st.sampled_from(table.entries))
+        query = {**{k: shape[k] for k in table.match_keys}, "M": m}
+        assert lookup(table, query) == _brute_force_nearest_m(table, query)
+
+    check()
