@@ -73,7 +73,8 @@ class QuantExporter:
 EXPORTERS: dict[str, QuantExporter] = {}
 
 # Modules that call register_exporter when imported (other methods append theirs).
-EXPORTER_MODULES: list[str] = ["inference_engine_quant.quantize_exporters"]
+EXPORTER_MODULES: list[str] = ["inference_engine_quant.quantize_exporters",
+                               "inference_engine_quant.mx_export"]
 
 
 def register_exporter(exporter: QuantExporter) -> None:
