@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-
 from inference_engine.testing import train_tiny_tokenizer
 
 # K-quants need rows that are multiples of 256, so every matrix has K = 256 or 512.
@@ -32,12 +31,16 @@ def make_hf_model(tokenizer):
             "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
             "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
             "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+            "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
         }[arch]
+        if arch == "qwen3_moe":
+            params = dict(params, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=256,
+                          norm_topk_prob=True)
         torch.manual_seed(seed)
         model = model_cls(config_cls(**params)).float().eval()
         with torch.no_grad():
             for p in model.parameters():
-                if p.dim() == 2:  # a wider spread than the default init: decisive greedy picks
+                if p.dim() >= 2:  # a wider spread than the default init: decisive greedy picks
                     p.normal_(0.0, 0.08)
                 elif p.dim() == 1:
                     p.uniform_(0.8, 1.2)

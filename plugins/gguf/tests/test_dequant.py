@@ -7,7 +7,6 @@ import pytest
 import torch
 from gguf import quants
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
 from inference_engine_gguf.dequant import dequantize
 from inference_engine_gguf.ggml_types import (
     SUPPORTED_TYPES,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 import torch
 from gguf.constants import GGMLQuantizationType as T
-
 from inference_engine import LLM, SamplingParams
 from inference_engine_gguf.export import export_to_gguf
 
@@ -48,6 +47,8 @@ CASES = {
     "llama-Q4_1": ("llama", T.Q4_1, {}),
     "llama-Q5_0": ("llama", T.Q5_0, {}),
     "qwen2-Q8_0": ("qwen2", T.Q8_0, {}),
+    "qwen3moe-Q4_K_M": ("qwen3_moe", q4_k_m, {}),
+    "qwen3moe-Q8_0": ("qwen3_moe", T.Q8_0, {}),
 }
 
 

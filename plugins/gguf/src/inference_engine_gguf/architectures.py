@@ -93,7 +93,8 @@ def build_hf_config(gguf: GGUFFile) -> dict[str, Any]:
     kv_heads = key("attention.head_count_kv", heads)
     if isinstance(kv_heads, list):  # per-layer list in some files
         if len(set(kv_heads)) != 1:
-            raise GGUFFileError(f"{gguf.path}: per-layer KV head counts {kv_heads} are not supported")
+            raise GGUFFileError(
+                f"{gguf.path}: per-layer KV head counts {kv_heads} are not supported")
         kv_heads = kv_heads[0]
     embed = gguf.tensors.get("token_embd.weight")
     if embed is None:
@@ -135,12 +136,13 @@ def build_hf_config(gguf: GGUFFile) -> dict[str, Any]:
 
 
 def _moe_config(key: Any, need: Any) -> dict[str, Any]:
+    """Qwen3-MoE hyper-parameters (every layer sparse, as llama.cpp's graph builds it)."""
     return {
         "num_experts": int(need("expert_count")),
         "num_experts_per_tok": int(need("expert_used_count")),
         "moe_intermediate_size": int(need("expert_feed_forward_length")),
-        # llama.cpp's qwen3moe graph always renormalises the top-k routing weights.
-        "norm_topk_prob": True,
+        # llama.cpp's qwen3moe graph renormalises the top-k routing weights.
+        "norm_topk_prob": bool(key("expert_weights_norm", True)),
         "decoder_sparse_step": 1,
         "mlp_only_layers": [],
     }

@@ -1,4 +1,4 @@
-"""Write a transformers Llama/Qwen2/Qwen3(-MoE) model to GGUF, laid out as llama.cpp's converter does.
+"""Write a transformers Llama/Qwen2/Qwen3(-MoE) model to GGUF as llama.cpp's converter lays it out.
 
 For tests and benchmarks: tensor names come from the ``gguf`` package's own
 name map (``gguf.get_tensor_name_map``), metadata keys from its writer, and
@@ -83,7 +83,8 @@ def _pack_nibbles_k(q: np.ndarray) -> np.ndarray:
 
 
 def _pack_2bit(q: np.ndarray) -> np.ndarray:
-    """256 2-bit values -> 64 bytes: value ``c*128 + s*32 + l`` in bits ``2s`` of byte ``c*32+l``."""
+    """256 2-bit values -> 64 bytes: value ``c*128 + s*32 + l`` in bits ``2s`` of byte
+    ``c*32+l``."""
     q = q.reshape(-1, 2, 4, 32)
     out = np.zeros((q.shape[0], 2, 32), dtype=np.uint8)
     for s in range(4):
@@ -216,7 +217,7 @@ def export_to_gguf(model: Any, tokenizer: Any, path: str | Path,
     stored: dict[str, torch.Tensor] = {}
     experts = _stack_experts(state, cfg)
     for name, values in list(state.items()) + list(experts.items()):
-        if name.endswith("rotary_emb.inv_freq") or ".experts." in name and name not in experts:
+        if name.endswith("rotary_emb.inv_freq") or (".experts." in name and name not in experts):
             continue
         if name == "lm_head.weight" and getattr(cfg, "tie_word_embeddings", False):
             continue
@@ -258,6 +259,7 @@ def _write_hparams(writer: GGUFWriter, cfg: Any) -> None:
         writer.add_expert_count(cfg.num_experts)
         writer.add_expert_used_count(cfg.num_experts_per_tok)
         writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+        writer.add_expert_weights_norm(bool(cfg.norm_topk_prob))
     writer.add_file_type(1)
 
 
@@ -298,28 +300,32 @@ def _write_tokenizer(writer: GGUFWriter, tokenizer: Any, chat_template: str | No
 
 
 def _stack_experts(state: dict[str, np.ndarray], cfg: Any) -> dict[str, np.ndarray]:
-    """Per-expert HF tensors -> llama.cpp's stacked ``[E, N, K]`` tensors (Qwen3-MoE)."""
+    """transformers v5's ``experts.gate_up_proj [E, 2I, K]``/``down_proj`` -> llama.cpp's
+    stacked ``ffn_gate_exps``/``ffn_up_exps``/``ffn_down_exps`` (under their HF-style names)."""
     if cfg.model_type != "qwen3_moe":
         return {}
     out = {}
+    inter = cfg.moe_intermediate_size
     for layer in range(cfg.num_hidden_layers):
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            base = f"model.layers.{layer}.mlp.experts"
-            names = [f"{base}.{e}.{proj}.weight" for e in range(cfg.num_experts)]
-            if all(n in state for n in names):
-                out[f"{base}.{proj}.weight"] = np.stack([state[n] for n in names])
+        base = f"model.layers.{layer}.mlp.experts"
+        if f"{base}.gate_up_proj" not in state:
+            continue
+        gate_up = state[f"{base}.gate_up_proj"]
+        out[f"{base}.gate_proj.weight"] = gate_up[:, :inter]
+        out[f"{base}.up_proj.weight"] = gate_up[:, inter:]
+        out[f"{base}.down_proj.weight"] = state[f"{base}.down_proj"]
     return out
 
 
 def _unstack_experts(stored: dict[str, torch.Tensor], cfg: Any) -> dict[str, torch.Tensor]:
+    """The inverse of :func:`_stack_experts` on the stored values."""
     if cfg.model_type != "qwen3_moe":
         return stored
-    out = {}
-    for name, values in stored.items():
-        base, _, leaf = name.rpartition(".experts.")
-        if base and leaf.count(".") == 1:  # model.layers.N.mlp.experts.proj.weight
-            for e, expert in enumerate(values.unbind(0)):
-                out[f"{base}.experts.{e}.{leaf}"] = expert.clone()
-        else:
-            out[name] = values
+    out = {k: v for k, v in stored.items() if ".experts." not in k}
+    for layer in range(cfg.num_hidden_layers):
+        base = f"model.layers.{layer}.mlp.experts"
+        if f"{base}.gate_proj.weight" in stored:
+            out[f"{base}.gate_up_proj"] = torch.cat(
+                [stored[f"{base}.gate_proj.weight"], stored[f"{base}.up_proj.weight"]], dim=1)
+            out[f"{base}.down_proj"] = stored[f"{base}.down_proj.weight"]
     return out

@@ -17,8 +17,8 @@ from functools import cached_property
 from typing import Any
 
 import torch
-
 from inference_engine.interfaces.weight_format import WeightFormat
+
 from inference_engine_gguf.architectures import (
     architecture_spec,
     build_hf_config,
@@ -108,8 +108,7 @@ class GGUFFormat(WeightFormat):
             if len(names) == 1:
                 yield names[0], dense
             else:  # stacked experts [E, N, K]
-                for name, expert in zip(names, dense.unbind(0), strict=True):
-                    yield name, expert
+                yield from zip(names, dense.unbind(0), strict=True)
 
     def load_tokenizer(self) -> Any | None:
         from inference_engine_gguf.tokenizer import build_tokenizer

@@ -34,7 +34,8 @@ class UnsupportedGGMLTypeError(ValueError):
     """A tensor uses a GGML type this plugin cannot dequantize."""
 
 
-def check_supported(qtype: int | GGMLQuantizationType, tensor_name: str = "") -> GGMLQuantizationType:
+def check_supported(qtype: int | GGMLQuantizationType,
+                    tensor_name: str = "") -> GGMLQuantizationType:
     """The type as an enum member, or an error naming it and the supported ones.
 
     Raises:

@@ -27,13 +27,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from gguf.constants import GGMLQuantizationType
-from torch import nn
-
 from inference_engine.builtin.quant.unquantized import UnquantizedMethod
 from inference_engine.interfaces.quant import QuantMethod
 from inference_engine.layers.weights import STACKED_PARAMS
+from torch import nn
+
 from inference_engine_gguf.dequant import dequantize
-from inference_engine_gguf.ggml_types import FLOAT_TYPES, check_supported, row_bytes
+from inference_engine_gguf.ggml_types import check_supported, row_bytes
 
 __all__ = ["GGMLEmbedding", "GGMLLMHead", "GGUFMethod", "Segment", "model_weight_bytes"]
 
@@ -135,7 +135,8 @@ class GGUFMethod(QuantMethod):
             return
         if any(t is None for t in types):
             missing = [n for n, t in zip(names, types, strict=True) if t is None]
-            raise ValueError(f"{prefix}: the GGUF file lists types for some parts but not {missing}")
+            raise ValueError(
+                f"{prefix}: the GGUF file lists types for some parts but not {missing}")
         segments: list[Segment] = []
         offset = 0
         for size, qtype in zip(output_sizes, types, strict=True):
@@ -147,7 +148,8 @@ class GGUFMethod(QuantMethod):
             offset += size
         layer.gguf_segments = segments  # type: ignore[attr-defined]
         for i, seg in enumerate(segments):
-            layer.register_buffer(f"{RAW_PREFIX}_{i}", empty_raw(seg.qtype, (seg.num_rows, input_size)))
+            raw = empty_raw(seg.qtype, (seg.num_rows, input_size))
+            layer.register_buffer(f"{RAW_PREFIX}_{i}", raw)
         # The checkpoint-name bookkeeping works on parameters: one empty
         # placeholder named ``weight`` whose loader writes into the segments.
         placeholder = nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
