@@ -248,8 +248,9 @@ class PerLayerFormatMethod(QuantMethod):
 def quantized_weight_bytes(model: nn.Module) -> dict[str, int]:
     """Weight bytes per format name over the model's linear layers (bias excluded).
 
-    Layers of plain methods are counted under ``"dense"``; embeddings, norms and
-    the LM head are not linear layers here and are not counted.
+    Layers of plain methods are counted under ``"dense"``, quantized fused-MoE
+    experts under their format; embeddings, norms and the LM head are not
+    linear layers here and are not counted.
     """
     totals: dict[str, int] = {}
     for module in model.modules():
@@ -257,9 +258,11 @@ def quantized_weight_bytes(model: nn.Module) -> dict[str, int]:
         if method is None:
             continue
         fmt = getattr(module, "linear_format", None)
-        name = fmt.name if fmt is not None else "dense"
+        name = fmt.name if fmt is not None else getattr(method, "format_name", "dense")
         if fmt is not None:
             size = fmt.weight_memory_bytes(module)
+        elif hasattr(method, "format_name"):  # quantized fused-MoE experts
+            size = method.weight_memory_bytes(module)
         else:
             size = sum(p.numel() * p.element_size()
                        for n, p in module.named_parameters(recurse=False) if n != "bias")

@@ -132,6 +132,7 @@ class Mxfp4Method(PerLayerFormatMethod):
         if rule not in ("floor", "rceil"):
             raise ValueError(f"mx_scale_rule must be 'floor' or 'rceil', got {rule!r}")
         self.ignored = [str(p) for p in self.checkpoint_config.get("modules_to_not_convert") or []]
+        self.rule = rule
         platform = current_platform_or_none(self.options)
         self._mxfp4 = Mxfp4Format(self.online, self.dequantize_at_load, rule, platform)
         self._dense = DenseFormat()
@@ -139,6 +140,15 @@ class Mxfp4Method(PerLayerFormatMethod):
     @classmethod
     def kernel_for(cls, platform: Any) -> str:
         return fp4_kernel_name(platform, "MXFP4")
+
+    def fused_moe_method(self, prefix: str) -> Any | None:
+        """gpt-oss experts (``*_blocks``/``*_scales``), or experts quantized online."""
+        from inference_engine_quant.mxfp4_moe import Mxfp4FusedMoEMethod
+
+        if not self.online and (is_ignored(prefix, self.ignored)
+                                or matches_module(prefix, self.ignored)):
+            return None
+        return Mxfp4FusedMoEMethod(self.online, self.dequantize_at_load, self.rule)
 
     def format_for(self, prefix: str, output_sizes: list[int]) -> LinearFormat:
         if self.online:

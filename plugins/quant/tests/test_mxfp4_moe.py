@@ -1,0 +1,115 @@
+"""gpt-oss MXFP4 experts (``*_blocks`` / ``*_scales``) through the fused-MoE layer.
+
+A tiny random transformers gpt-oss is written in gpt-oss's MXFP4 layout with
+the spec formulas (rows of ``gate_up_proj_blocks`` interleaved gate/up, as
+transformers' ``Mxfp4GptOssExperts`` reads them); transformers runs the same
+dequantized experts. Float32 logits within 1e-4.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+from inference_engine.testing import train_tiny_tokenizer
+from inference_engine_quant.fp8_testing import load_for_test, prefill_logits
+from inference_engine_quant.mx_linear import quantized_weight_bytes
+from inference_engine_quant.mx_testing import ref_mxfp4
+from inference_engine_quant.mxfp4_moe import Mxfp4FusedMoEMethod
+
+TOKENS = [5, 17, 42, 99, 3, 250, 7, 64, 128, 11, 300, 2, 9]
+E, H, I = 4, 64, 32
+
+
+def _mxfp4_experts(w_rows: torch.Tensor):
+    """``[E, rows, K]`` -> (blocks [E, rows, K/32, 16], scales [E, rows, K/32], dequant [E, rows, K])."""
+    e, rows, k = w_rows.shape
+    blocks, scales, deq = ref_mxfp4(w_rows.reshape(e * rows, k))
+    return (blocks.reshape(e, rows, k // 32, 16), scales.reshape(e, rows, k // 32),
+            deq.reshape(e, rows, k))
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gpt_oss")
+    tokenizer = train_tiny_tokenizer()
+    config = transformers.GptOssConfig(
+        vocab_size=len(tokenizer), hidden_size=H, intermediate_size=I, head_dim=16,
+        num_local_experts=E, num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, sliding_window=5,
+        tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.GptOssForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.1)
+    model.save_pretrained(root / "src")
+    tokenizer.save_pretrained(root / "src")
+    state = load_file(str(root / "src" / "model.safetensors"))
+    quant, dequant = dict(state), dict(state)
+    for layer in range(2):
+        p = f"model.layers.{layer}.mlp.experts"
+        gate_up = state[f"{p}.gate_up_proj"]  # [E, H, 2I], gate/up columns interleaved
+        down = state[f"{p}.down_proj"]  # [E, I, H]
+        blocks, scales, deq = _mxfp4_experts(gate_up.transpose(1, 2))  # rows stay interleaved
+        quant[f"{p}.gate_up_proj_blocks"], quant[f"{p}.gate_up_proj_scales"] = blocks, scales
+        dequant[f"{p}.gate_up_proj"] = deq.transpose(1, 2).contiguous()
+        blocks, scales, deq = _mxfp4_experts(down.transpose(1, 2))
+        quant[f"{p}.down_proj_blocks"], quant[f"{p}.down_proj_scales"] = blocks, scales
+        dequant[f"{p}.down_proj"] = deq.transpose(1, 2).contiguous()
+        del quant[f"{p}.gate_up_proj"], quant[f"{p}.down_proj"]
+    for name, tensors in (("q", quant), ("dq", dequant)):
+        out = root / name
+        out.mkdir()
+        for f in (root / "src").iterdir():
+            if f.suffix != ".safetensors":
+                (out / f.name).write_bytes(f.read_bytes())
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"),
+                  metadata={"format": "pt"})
+    cfg_path = root / "q" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    cfg_path.write_text(json.dumps(cfg))
+    return root / "q", root / "dq"
+
+
+def hf_logits(path):
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model.config._attn_implementation = "eager"
+    with torch.no_grad():
+        return model(torch.tensor([TOKENS])).logits[0].float()
+
+
+@pytest.mark.parametrize("dequantize_at_load", [False, True])
+def test_gpt_oss_mxfp4_experts_match_transformers(gpt_oss_dirs, dequantize_at_load):
+    qdir, dqdir = gpt_oss_dirs
+    loaded = load_for_test(str(qdir), dequantize_at_load=dequantize_at_load)
+    experts = loaded.model.model.layers[0].mlp.experts
+    assert isinstance(experts.quant_method, Mxfp4FusedMoEMethod)
+    if not dequantize_at_load:
+        assert experts.gate_up_proj_blocks.dtype == torch.uint8
+        sizes = quantized_weight_bytes(loaded.model)
+        per_layer = E * (2 * I * H + H * I) * (0.5 + 1 / 32)
+        assert sizes["mxfp4"] == 2 * per_layer
+        assert "gate_up_proj" not in experts._parameters
+    ours = prefill_logits(loaded, TOKENS)
+    assert (ours - hf_logits(dqdir)).abs().max() < 1e-4
+
+
+def test_online_mxfp4_quantizes_experts(gpt_oss_dirs, tmp_path):
+    qdir, _ = gpt_oss_dirs
+    src = qdir.parent / "src"
+    loaded = load_for_test(str(src), "mxfp4")
+    experts = loaded.model.model.layers[1].mlp.experts
+    assert experts.down_proj_blocks.dtype == torch.uint8
+    # Online blocks of the engine's (de-interleaved) layout equal the formula's.
+    state = load_file(str(src / "model.safetensors"))
+    down = state["model.layers.1.mlp.experts.down_proj"].transpose(1, 2)
+    blocks, scales, _ = _mxfp4_experts(down)
+    assert torch.equal(experts.down_proj_blocks, blocks)
+    assert torch.equal(experts.down_proj_scales, scales)
