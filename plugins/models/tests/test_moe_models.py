@@ -29,6 +29,7 @@ from inference_engine.testing_parity import (
     saved_tensors,
 )
 from inference_engine_models.glm4_moe import Glm4MoeForCausalLM
+from inference_engine_models.gpt_oss import GptOssForCausalLM
 from inference_engine_models.granitemoe import GraniteMoeForCausalLM
 from inference_engine_models.minimax_m2 import MiniMaxM2ForCausalLM
 from inference_engine_models.qwen3_moe import Qwen3MoeForCausalLM
@@ -67,11 +68,19 @@ def minimax_m2(vocab: int) -> Any:
         rotary_dim=8, **COMMON)
 
 
+def gpt_oss(vocab: int) -> Any:
+    # sliding_window 5 so the 13-token prompts really slide (layer 0 slides, layer 1 is full).
+    return transformers.GptOssConfig(
+        vocab_size=vocab, intermediate_size=32, head_dim=16, num_local_experts=8,
+        sliding_window=5, **COMMON)
+
+
 ARCHS: dict[str, tuple[Callable[[int], Any], type]] = {
     "qwen3_moe": (qwen3_moe, Qwen3MoeForCausalLM),
     "granitemoe": (granitemoe, GraniteMoeForCausalLM),
     "glm4_moe": (glm4_moe, Glm4MoeForCausalLM),
     "minimax_m2": (minimax_m2, MiniMaxM2ForCausalLM),
+    "gpt_oss": (gpt_oss, GptOssForCausalLM),
 }
 
 
@@ -108,6 +117,7 @@ def test_checkpoint_has_per_expert_tensors(pair):
         "granitemoe": "model.layers.0.block_sparse_moe.input_linear.weight",
         "glm4_moe": "model.layers.1.mlp.experts.7.up_proj.weight",
         "minimax_m2": "model.layers.0.block_sparse_moe.experts.7.w3.weight",
+        "gpt_oss": "model.layers.0.mlp.experts.gate_up_proj_bias",
     }[arch]
     assert expected in tensors
 

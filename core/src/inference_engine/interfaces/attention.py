@@ -75,8 +75,15 @@ class AttentionBackend(ABC):
     """Computes attention for one layer over the paged cache.
 
     Implementations write the new K/V into the cache at ``slot_mapping`` and
-    attend each query to its sequence's cached context causally.
+    attend each query to its sequence's cached context causally (within
+    ``sliding_window`` when set).
     """
+
+    # Whether the backend honours ``sinks``; layers that need them refuse other backends.
+    supports_sinks: bool = False
+    # [num_heads] learned per-head logits added to each softmax's denominator (gpt-oss
+    # attention sinks), set by the attention layer; None for ordinary attention.
+    sinks: torch.Tensor | None = None
 
     def __init__(
         self,

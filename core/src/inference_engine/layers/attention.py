@@ -27,10 +27,15 @@ class Attention(nn.Module):
         scale: softmax scale, usually ``head_dim ** -0.5``.
         prefix: dotted module name, for messages.
         sliding_window: attend only the last this-many positions, or None.
+        sinks: ``[num_heads]`` attention-sink logits (gpt-oss), or None.
+
+    Raises:
+        ValueError: for sinks on a backend that does not support them.
     """
 
     def __init__(self, ctx: ModelContext, num_heads: int, head_dim: int, num_kv_heads: int,
-                 scale: float, prefix: str, sliding_window: int | None = None) -> None:
+                 scale: float, prefix: str, sliding_window: int | None = None,
+                 sinks: torch.Tensor | None = None) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(
@@ -46,6 +51,11 @@ class Attention(nn.Module):
         self.dtype = ctx.dtype
         self.backend = ctx.attention_backend(num_heads, head_dim, num_kv_heads, scale,
                                              sliding_window)
+        if sinks is not None:
+            if not self.backend.supports_sinks:
+                raise ValueError(f"{prefix}: the {type(self.backend).__name__} attention backend "
+                                 f"does not support attention sinks")
+            self.backend.sinks = sinks
         # (k_cache, v_cache), each [num_blocks, block_size, num_kv_heads, head_dim];
         # bound by the runner once the pool exists.
         self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None

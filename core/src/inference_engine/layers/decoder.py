@@ -48,6 +48,8 @@ class DecoderOptions:
     mlp_bias: bool
     # q/k norm per head ("head") or over all heads at once ("all_heads", MiniMax-M2).
     qk_norm_scope: str = "head"
+    # A learned per-head attention-sink logit (``self_attn.sinks``, gpt-oss).
+    attention_sinks: bool = False
     # Builds layer i's MLP (MoE blocks); None or a None result: the dense GatedMLP.
     make_mlp: Callable[[ModelContext, str, int], nn.Module | None] | None = None
     # The MLP's module name in checkpoints ("mlp"; Mixtral-style "block_sparse_moe").
@@ -109,8 +111,10 @@ class DecoderAttention(nn.Module):
         if layer_types is not None and layer_types[layer_idx] == "sliding_attention":
             sliding = getattr(cfg, "sliding_window", None)
         scale = opts.attention_multiplier or self.head_dim**-0.5
+        self.sinks = (nn.Parameter(torch.empty(self.num_heads, dtype=ctx.dtype),
+                                   requires_grad=False) if opts.attention_sinks else None)
         self.attn = Attention(ctx, self.num_heads, self.head_dim, self.num_kv_heads,
-                              scale, f"{prefix}.attn", sliding_window=sliding)
+                              scale, f"{prefix}.attn", sliding_window=sliding, sinks=self.sinks)
 
     def forward(self, hidden: torch.Tensor, rope: RotaryTable,
                 metadata: AttentionMetadata) -> torch.Tensor:
@@ -218,6 +222,8 @@ class DecoderForCausalLM(CausalLM):
     o_bias: bool | None = None
     # q/k norm per head ("head") or over all heads at once ("all_heads").
     qk_norm_scope: str = "head"
+    # A learned per-head attention-sink logit per layer (gpt-oss).
+    attention_sinks: bool = False
     # The MLP's module name in checkpoints ("mlp"; Mixtral-style "block_sparse_moe").
     mlp_name: str = "mlp"
     # (checkpoint substring, our substring) pairs applied to every checkpoint name.
@@ -231,7 +237,8 @@ class DecoderForCausalLM(CausalLM):
         super().__init__(ctx)
         cfg = ctx.hf_config
         opts = DecoderOptions.resolve(cfg, self.qk_norm, self.qkv_bias, self.o_bias,
-                                      qk_norm_scope=self.qk_norm_scope, make_mlp=self.make_mlp,
+                                      qk_norm_scope=self.qk_norm_scope,
+                                      attention_sinks=self.attention_sinks, make_mlp=self.make_mlp,
                                       mlp_name=self.mlp_name)
         self.logits_scaling = opts.logits_scaling
         self.model = DecoderModel(ctx, opts)

@@ -21,4 +21,6 @@ def ie_register_models() -> list[Spec]:
              "GLM-4.5/4.6 MoE (sigmoid grouped routing, shared experts, partial rotary)"),
         Spec("MiniMaxM2ForCausalLM", f"{base}.minimax_m2:MiniMaxM2ForCausalLM",
              "MiniMax-M2 (all-head q/k norm, sigmoid routing, partial rotary)"),
+        Spec("GptOssForCausalLM", f"{base}.gpt_oss:GptOssForCausalLM",
+             "gpt-oss (attention sinks, sliding-window layers, clamped SwiGLU experts)"),
     ]

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from inference_engine.builtin.attention.common import (
     attend_sequence,
     causal_mask,
     gather_blocks,
     gather_context,
+    sdpa,
     write_kv,
 )
 from inference_engine.interfaces.attention import AttentionBackend, AttentionMetadata
@@ -69,6 +69,7 @@ class PagedAttentionBackend(AttentionBackend):
     """Paged attention with a batched decode path."""
 
     name = "paged"
+    supports_sinks = True
 
     def forward(
         self,
@@ -97,14 +98,15 @@ class PagedAttentionBackend(AttentionBackend):
             q = query[start:end]
             if seq_len == end - start and self.sliding_window is None:
                 # Nothing cached before this chunk: attend the new keys directly.
-                out[start:end] = attend_sequence(q, key[start:end], value[start:end], self.scale)
+                out[start:end] = attend_sequence(q, key[start:end], value[start:end], self.scale,
+                                                 sinks=self.sinks)
             else:
                 table = metadata.block_tables[i]
                 bs = metadata.block_size
                 k = gather_context(k_cache, table, seq_len, bs).to(query.dtype)
                 v = gather_context(v_cache, table, seq_len, bs).to(query.dtype)
                 mask = causal_mask(end - start, seq_len, query.device, self.sliding_window)
-                out[start:end] = attend_sequence(q, k, v, self.scale, mask)
+                out[start:end] = attend_sequence(q, k, v, self.scale, mask, self.sinks)
         return out.view(query.shape[0], self.num_heads * self.head_dim)
 
     def _decode_groups(self, metadata: AttentionMetadata, n: int) -> list[DecodeGroup]:
@@ -165,7 +167,7 @@ class PagedAttentionBackend(AttentionBackend):
             n, padded, self.num_kv_heads, self.head_dim)
         q = query.unsqueeze(2)  # [n, heads, 1, head_dim]
         mask = None
-        if n == 1 and self.sliding_window is None:
+        if n == 1 and self.sliding_window is None and self.sinks is None:
             k, v = k[:, :group.max_len], v[:, :group.max_len]
         else:
             k_pos = torch.arange(padded, device=query.device)
@@ -174,12 +176,6 @@ class PagedAttentionBackend(AttentionBackend):
             if self.sliding_window is not None:
                 mask &= k_pos.unsqueeze(0) >= seq_lens - self.sliding_window
             mask = mask[:, None, None, :]
-        o = F.scaled_dot_product_attention(
-            q,
-            k.transpose(1, 2).to(query.dtype),
-            v.transpose(1, 2).to(query.dtype),
-            attn_mask=mask,
-            scale=self.scale,
-            enable_gqa=gqa,
-        )
+        o = sdpa(q, k.transpose(1, 2).to(query.dtype), v.transpose(1, 2).to(query.dtype), mask,
+                 self.scale, gqa, self.sinks)
         return o.squeeze(2)

@@ -22,6 +22,7 @@ class TorchSDPABackend(AttentionBackend):
     """Per-sequence ``scaled_dot_product_attention`` over the gathered context."""
 
     name = "torch_sdpa"
+    supports_sinks = True
 
     def forward(
         self,
@@ -43,5 +44,5 @@ class TorchSDPABackend(AttentionBackend):
             k = gather_context(k_cache, table, seq_len, metadata.block_size).to(query.dtype)
             v = gather_context(v_cache, table, seq_len, metadata.block_size).to(query.dtype)
             mask = causal_mask(end - start, seq_len, query.device, self.sliding_window)
-            out[start:end] = attend_sequence(query[start:end], k, v, self.scale, mask)
+            out[start:end] = attend_sequence(query[start:end], k, v, self.scale, mask, self.sinks)
         return out.view(query.shape[0], self.num_heads * self.head_dim)

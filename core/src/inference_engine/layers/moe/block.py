@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -32,7 +34,8 @@ class SparseMoeBlock(nn.Module):
         correction_bias: where ``e_score_correction_bias`` lives: on the ``"gate"``
             (DeepSeek-V3, GLM-4-MoE), on the ``"block"`` (MiniMax-M2), or None.
         shared_intermediate_size: width of the always-on shared experts (0: none).
-        activation, expert_bias, expert_names: passed to :class:`FusedMoE`.
+        activation, expert_bias, expert_names, checkpoint_transform: passed to
+            :class:`FusedMoE`.
     """
 
     def __init__(self, ctx: ModelContext, hidden_size: int, intermediate_size: int,
@@ -41,18 +44,20 @@ class SparseMoeBlock(nn.Module):
                  shared_intermediate_size: int = 0, activation: ExpertActivation = SILU,
                  expert_bias: bool = False,
                  expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
+                 checkpoint_transform: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
                  ) -> None:
         super().__init__()
         if correction_bias not in (None, "gate", "block"):
             raise ValueError(f"{prefix}: correction_bias must be None, 'gate' or 'block'")
-        self.router = router
+        self.routing = router
         self.gate_name = gate_name
         gate = ReplicatedLinear(ctx, hidden_size, router.num_experts, f"{prefix}.{gate_name}",
                                 bias=gate_bias)
         self.add_module(gate_name, gate)
         self._gate = [gate]  # a plain list: reach the gate without nn.Module attribute lookup
         self.experts = FusedMoE(ctx, router.num_experts, hidden_size, intermediate_size,
-                                f"{prefix}.experts", activation, expert_bias, expert_names)
+                                f"{prefix}.experts", activation, expert_bias, expert_names,
+                                checkpoint_transform)
         bias = None
         if correction_bias is not None:
             bias = nn.Parameter(torch.zeros(router.num_experts, dtype=torch.float32),
@@ -67,7 +72,7 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [T, hidden]`` -> ``[T, hidden]``."""
-        weights, ids = route(self._gate[0](x), self.router, self._correction_bias[0])
+        weights, ids = route(self._gate[0](x), self.routing, self._correction_bias[0])
         out = self.experts(x, weights, ids)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)

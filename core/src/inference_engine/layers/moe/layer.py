@@ -29,6 +29,19 @@ def _triton_experts() -> ExpertsFn:
     return fused_moe_triton
 
 
+def _transformed(loader: Callable[..., None], name: str,
+                 transform: Callable[[str, torch.Tensor], torch.Tensor]) -> Callable[..., None]:
+    """``loader`` that converts a stacked (whole-parameter) tensor first."""
+
+    def load(param: torch.Tensor, loaded: torch.Tensor, shard_id: object = None) -> None:
+        if shard_id is None:
+            loader(param, transform(name, loaded))
+        else:
+            loader(param, loaded, shard_id)
+
+    return load
+
+
 class FusedMoE(nn.Module):
     """``num_experts`` gated MLPs (``hidden -> 2 * intermediate -> hidden``) applied by routing.
 
@@ -42,12 +55,15 @@ class FusedMoE(nn.Module):
         bias: biases on both expert projections (gpt-oss).
         expert_names: per-expert checkpoint module names of (gate, up, down):
             ``("gate_proj", "up_proj", "down_proj")`` or Mixtral's ``("w1", "w3", "w2")``.
+        checkpoint_transform: ``(parameter name, stacked checkpoint tensor) -> tensor`` in
+            our layout, for checkpoints that stack experts differently (gpt-oss).
     """
 
     def __init__(self, ctx: ModelContext, num_experts: int, hidden_size: int,
                  intermediate_size: int, prefix: str, activation: ExpertActivation = SILU,
                  bias: bool = False,
                  expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
+                 checkpoint_transform: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
                  ) -> None:
         super().__init__()
         self.prefix = prefix
@@ -61,6 +77,10 @@ class FusedMoE(nn.Module):
             ctx.quant_method.fused_moe_method(prefix) or UnquantizedFusedMoEMethod())
         self.quant_method.create_weights(self, prefix, num_experts, hidden_size, intermediate_size,
                                    ctx.dtype, bias)
+        if checkpoint_transform is not None:
+            for name, param in self.named_parameters(recurse=False):
+                param.weight_loader = _transformed(  # type: ignore[attr-defined]
+                    param.weight_loader, name, checkpoint_transform)
         self._experts_fn: ExpertsFn | None = None
 
     def checkpoint_layouts(self, leaf: str) -> list[dict[str, object]]:

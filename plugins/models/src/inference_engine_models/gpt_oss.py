@@ -1,0 +1,45 @@
+"""gpt-oss: attention sinks, sliding-window layers, biased experts with a clamped SwiGLU.
+
+Attention is the shared decoder's with q/k/v/o biases, a learned sink logit
+per head (handled by the attention backend) and ``config.layer_types``
+choosing sliding-window layers. The MoE router has a bias and takes the
+softmax of the top-k logits. Stacked expert tensors are stored as
+``[E, in, out]`` with gate and up columns interleaved; they are transposed
+and de-interleaved into our ``[E, out, in]`` gate-then-up layout on load.
+"""
+
+from __future__ import annotations
+
+import torch
+from inference_engine.interfaces.model import ModelContext
+from inference_engine.layers import DecoderForCausalLM
+from inference_engine.layers.moe import ExpertActivation, RouterSpec, SparseMoeBlock
+from torch import nn
+
+__all__ = ["GptOssForCausalLM", "from_gpt_oss_layout"]
+
+
+def from_gpt_oss_layout(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """A stacked gpt-oss expert tensor in our layout (see the module docstring)."""
+    if name == "gate_up_proj":  # [E, H, 2I] interleaved -> [E, 2I, H] gate rows then up rows
+        t = tensor.transpose(1, 2)
+        return torch.cat((t[:, 0::2], t[:, 1::2]), dim=1)
+    if name == "gate_up_proj_bias":  # [E, 2I] interleaved
+        return torch.cat((tensor[:, 0::2], tensor[:, 1::2]), dim=1)
+    if name == "down_proj":  # [E, I, H] -> [E, H, I]
+        return tensor.transpose(1, 2)
+    return tensor
+
+
+class GptOssForCausalLM(DecoderForCausalLM):
+    """Biases on q/k/v/o (``config.attention_bias``)."""
+
+    attention_sinks = True
+
+    def make_mlp(self, ctx: ModelContext, prefix: str, layer_idx: int) -> nn.Module | None:
+        cfg = ctx.hf_config
+        router = RouterSpec(cfg.num_local_experts, cfg.num_experts_per_tok, "topk_softmax")
+        activation = ExpertActivation("swigluoai", alpha=cfg.swiglu_alpha, limit=cfg.swiglu_limit)
+        return SparseMoeBlock(ctx, cfg.hidden_size, cfg.intermediate_size, router, prefix,
+                              gate_name="router", gate_bias=True, activation=activation,
+                              expert_bias=True, checkpoint_transform=from_gpt_oss_layout)
