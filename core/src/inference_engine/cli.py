@@ -98,6 +98,8 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per prompt per line.")] = False,
     quantization: Annotated[Optional[str], typer.Option(
         help="Quantization method (fp8, ptpc_fp8, ...); default: the checkpoint's own.")] = None,
+    dequantize_at_load: Annotated[bool, typer.Option(
+        help="Dequantize packed (FP4/FP8) weights once at load: faster on CPU, bf16 memory.")] = False,
     device_ids: Annotated[Optional[str], typer.Option(
         help="Device index to use, e.g. 1 (CUDA_VISIBLE_DEVICES is not touched).")] = None,
     platform: Annotated[Optional[str], typer.Option(help="Force a platform by name.")] = None,
@@ -112,7 +114,7 @@ def generate(
                                 top_k=top_k, seed=seed, ignore_eos=ignore_eos)
         llm = LLM(model, dtype=dtype, attention_backend=attention_backend, block_size=block_size,
                   kv_cache_memory=kv_cache_memory, show_progress=not as_json,
-                  quantization=quantization,
+                  quantization=quantization, dequantize_at_load=dequantize_at_load,
                   device_ids=device_ids, platform=platform)
         outputs = llm.generate(list(prompt), params, use_tqdm=not as_json)
     except (ValueError, UnknownNameError, OSError, TypeError) as exc:
@@ -203,6 +205,8 @@ def serve(
     attention_backend: Annotated[str, typer.Option(help="Registered attention backend.")] = "paged",
     quantization: Annotated[Optional[str], typer.Option(
         help="Quantization method (fp8, ptpc_fp8, ...); default: the checkpoint's own.")] = None,
+    dequantize_at_load: Annotated[bool, typer.Option(
+        help="Dequantize packed (FP4/FP8) weights once at load: faster on CPU, bf16 memory.")] = False,
     device_ids: Annotated[Optional[str], typer.Option(
         help="Comma-separated device indices to use (CUDA_VISIBLE_DEVICES is not touched).")] = None,
     platform: Annotated[Optional[str], typer.Option(help="Force a platform by name.")] = None,
@@ -238,7 +242,7 @@ def serve(
             kv_cache_memory=_parse_bytes(kv_cache_memory),
             enable_prefix_caching=enable_prefix_caching, attention_backend=attention_backend,
             device_ids=device_ids, platform=platform, seed=seed,
-            quantization=quantization)
+            quantization=quantization, dequantize_at_load=dequantize_at_load)
         run_server(engine_config, server_config)
     except (ValueError, UnknownNameError, OSError, TypeError) as exc:
         typer.echo(f"error: {exc}", err=True)
