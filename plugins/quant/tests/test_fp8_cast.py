@@ -8,7 +8,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from inference_engine_quant.fp8_cast import (
     cast_to_fp8,
     dequantize_fp8,

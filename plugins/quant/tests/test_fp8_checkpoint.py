@@ -112,7 +112,7 @@ def base_aligned(tmp_path_factory, tokenizer):
 
 def write_fp8(base: Path, out: Path, scheme: str, input_scales: dict[str, float] | None = None,
               ignored: list[str] | None = None, layout_kn: bool = False) -> dict[str, torch.Tensor]:
-    """Quantize ``base`` into ``out``; returns the dequantized state dict (the reference weights)."""
+    """Quantize ``base`` into ``out``; returns the dequantized state dict (reference weights)."""
     shutil.copytree(base, out)
     state = load_file(str(base / "model.safetensors"))
     tensors: dict[str, torch.Tensor] = {}
@@ -269,7 +269,7 @@ def test_ignored_layers_stay_dense(base_small, tmp_path):
 
 
 def test_engine_greedy_equals_act_quant_reference(base_aligned, tmp_path):
-    """Generation through LLM (paged attention, decode steps) vs the tight reference, teacher-forced."""
+    """Generation through LLM (paged attention, decode) vs the tight reference, teacher-forced."""
     deq = write_fp8(base_aligned, tmp_path / "ckpt", "block")
     llm = LLM(str(tmp_path / "ckpt"), dtype="float32", show_progress=False,
               kv_cache_memory=1 << 22)
@@ -300,7 +300,8 @@ def test_wrong_scale_shape_is_named(base_aligned, tmp_path):
     write_fp8(base_aligned, tmp_path / "ckpt", "block")
     _break(tmp_path / "ckpt", lambda t: t.__setitem__(
         "model.layers.0.mlp.down_proj.weight_scale_inv", torch.ones(2, 2)))
-    with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.down_proj\.weight_scale_inv.*\(2, 2\)"):
+    with pytest.raises(ValueError,
+                       match=r"model\.layers\.0\.mlp\.down_proj\.weight_scale_inv.*\(2, 2\)"):
         load_for_test(str(tmp_path / "ckpt"))
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from inference_engine.builtin.platforms.cpu import CpuPlatform
 from inference_engine_quant.fp8 import Fp8Method
 from inference_engine_quant.fp8_linear import (
@@ -71,7 +70,7 @@ class Gfx:
 def test_cpu_always_uses_the_reference():
     assert choose_fp8_kernel(CpuPlatform(), blockwise=False) == "reference"
     assert choose_fp8_kernel(CpuPlatform(), blockwise=True) == "reference"
-    assert choose_fp8_kernel(CpuPlatform(), True, dequantize_at_load=True) == "reference_dequantized"
+    assert choose_fp8_kernel(CpuPlatform(), True, True) == "reference_dequantized"
     assert Fp8Method.kernel_for(CpuPlatform()) == KERNEL_NAMES["reference"]
     assert PtpcFp8Method.kernel_for(CpuPlatform()) == KERNEL_NAMES["reference"]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-
 from inference_engine.builtin.platforms.cpu import CpuPlatform
 from inference_engine.entrypoints.llm import LLM
 from inference_engine.sampling_params import SamplingParams
@@ -98,3 +97,30 @@ def test_llm_quantization_keyword_and_memory(base):
     assert report.linear_bytes == expected
     assert dense_report.linear_bytes == 2 * dense_report.linear_bf16_bytes
     assert report.other_bytes == dense_report.other_bytes
+
+
+def test_dequantize_at_load_keeps_the_numbers(base):
+    fp8 = load_for_test(str(base), quantization="ptpc_fp8")
+    dense = load_for_test(str(base), quantization="ptpc_fp8", dequantize_at_load=True)
+    layer = dense.model.model.layers[0].self_attn.qkv_proj
+    assert layer.fp8_kernel == "reference_dequantized" and layer.weight.dtype == torch.float32
+    assert weight_memory_report(dense.model).linear_bytes > 3 * weight_memory_report(
+        fp8.model).linear_bytes
+    a, b = prefill_logits(fp8, PROMPT), prefill_logits(dense, PROMPT)
+    assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_bf16_activations_follow_the_fp32_result():
+    """In bf16 the dequantized weight and the QDQ activation round to bf16 (~2^-8 relative)."""
+    torch.manual_seed(4)
+    method = PtpcFp8Method(platform=CpuPlatform())
+    layer = torch.nn.Module()
+    method.create_weights(layer, "l", 64, [32], torch.bfloat16)
+    w = (torch.randn(32, 64) * 0.1).to(torch.bfloat16)
+    layer.weight.data.copy_(w)
+    method.process_weights_after_loading(layer)
+    x = torch.randn(5, 64).to(torch.bfloat16)
+    got = method.apply(layer, x)
+    assert got.dtype == torch.bfloat16
+    ref = spec_ptpc_linear(x.float(), w.float())
+    assert torch.allclose(got.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())

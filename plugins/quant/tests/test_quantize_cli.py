@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from inference_engine.entrypoints.llm import LLM
 from inference_engine.sampling_params import SamplingParams
 from inference_engine.testing import make_tiny_model, run_cli
@@ -25,6 +23,7 @@ from inference_engine_quant.quantize_exporters import (
     get_exporter,
     register_exporter,
 )
+from safetensors.torch import load_file
 
 FP8 = torch.float8_e4m3fn
 PROMPT = [9, 31, 4, 77, 150, 2, 66, 23]
@@ -118,15 +117,14 @@ def test_nk_block_checkpoint_loads_in_transformers(base, tmp_path):
     """HF FineGrainedFP8 dequantizes on CPU (needs accelerate); compare with our dequantization."""
     pytest.importorskip("accelerate")
     import transformers
-
     from inference_engine_quant.fp8_math import dequantize_weight_kn
 
     quantize_checkpoint(base, tmp_path / "nk", "fp8-block", layout="NK", show_progress=False)
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "nk", dtype=torch.float32)
     written = load_file(str(tmp_path / "nk" / "model.safetensors"))
     name = "model.layers.0.mlp.gate_proj"
-    ours = dequantize_weight_kn(written[f"{name}.weight"].t(), written[f"{name}.weight_scale_inv"].t(),
-                                (128, 128)).t()
+    ours = dequantize_weight_kn(written[f"{name}.weight"].t(),
+                                written[f"{name}.weight_scale_inv"].t(), (128, 128)).t()
     theirs = dict(hf.named_parameters())[f"{name}.weight"].float()
     assert torch.allclose(theirs, ours, rtol=1e-2, atol=1e-6)  # transformers rounds to bf16
 

@@ -146,7 +146,8 @@ def finalize_fp8_layer(
         if name in layer._parameters:
             del layer._parameters[name]
     layer.register_parameter("weight", nn.Parameter(weight_kn, requires_grad=False))
-    layer.register_parameter("weight_scale", nn.Parameter(scale_kn.contiguous(), requires_grad=False))
+    layer.register_parameter("weight_scale",
+                             nn.Parameter(scale_kn.contiguous(), requires_grad=False))
     if input_scale is not None:
         layer.register_parameter(
             "input_scale", nn.Parameter(input_scale.float().reshape(()), requires_grad=False)
@@ -189,6 +190,9 @@ def _apply_reference(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | Non
     xc = xf.to(compute)
     if layer.fp8_kernel == "reference_dequantized":
         y = xc @ weight.to(compute)
+    elif layer.fp8_block[0] >= k and k * n <= _REFERENCE_TILE_ELEMENTS:
+        # One scale per output column: scale the product instead of the weight (one pass less).
+        y = (xc @ weight.to(compute)) * layer.weight_scale.expand(1, n).to(compute)
     elif k * n <= _REFERENCE_TILE_ELEMENTS:
         y = xc @ dequantize_weight_kn(weight, layer.weight_scale, layer.fp8_block, compute)
     else:

@@ -62,7 +62,7 @@ def quantize_weight_blockwise(
     block: tuple[int, int] = (128, 128),
     dtype: torch.dtype = torch.float8_e4m3fn,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(q [N, K], S [ceil(N/bn), ceil(K/bk)])`` for ``block = (bn, bk)`` as in ``weight_block_size``.
+    """``(q [N, K], S [ceil(N/bn), ceil(K/bk)])``, ``block = (bn, bk)`` as ``weight_block_size``.
 
     Edge tiles are partial: their amax is taken over the elements that exist.
     """
@@ -138,7 +138,7 @@ def dequantize_weight_kn(
     weight_kn: torch.Tensor, scale_kn: torch.Tensor, block_kn: tuple[int, int],
     out_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """``float(q[K, N]) * S`` with ``S`` a ``[ceil(K/bk), ceil(N/bn)]`` grid, ``block_kn = (bk, bn)``."""
+    """``float(q[K, N]) * S`` for a scale grid ``S [ceil(K/bk), ceil(N/bn)]``."""
     full = expand_scale_grid(scale_kn, block_kn, tuple(weight_kn.shape))
     return (weight_kn.float() * full).to(out_dtype)
 

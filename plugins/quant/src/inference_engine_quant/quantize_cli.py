@@ -154,7 +154,8 @@ def quantize_checkpoint(
     config["quantization_config"] = exporter.quantization_config(layout)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if (model_dir / _INDEX).exists():
-        index = {"metadata": {"total_size": bytes_out}, "weight_map": dict(sorted(weight_map.items()))}
+        index = {"metadata": {"total_size": bytes_out},
+                 "weight_map": dict(sorted(weight_map.items()))}
         (out_dir / _INDEX).write_text(json.dumps(index, indent=2) + "\n")
     if exporter.extra_files is not None:
         for file_name, text in exporter.extra_files(layout).items():

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torch import nn
-
 from inference_engine.layers.linear import LinearBase
+from torch import nn
 
 __all__ = ["WeightMemoryReport", "weight_memory_report"]
 
@@ -40,7 +39,8 @@ class WeightMemoryReport:
     def format(self) -> str:
         mib = 1 << 20
         return (f"linear weights {self.linear_bytes / mib:.2f} MiB "
-                f"({self.linear_ratio_vs_bf16:.3f}x of bf16 {self.linear_bf16_bytes / mib:.2f} MiB), "
+                f"({self.linear_ratio_vs_bf16:.3f}x of bf16 "
+                f"{self.linear_bf16_bytes / mib:.2f} MiB), "
                 f"other {self.other_bytes / mib:.2f} MiB, total {self.total_bytes / mib:.2f} MiB")
 
 

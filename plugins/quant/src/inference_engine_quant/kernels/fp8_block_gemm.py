@@ -131,17 +131,21 @@ def fp8_block_gemm(
         ValueError: for shapes that do not agree, naming them.
     """
     if not HAS_TRITON:
-        raise RuntimeError("the triton FP8 GEMM needs triton: pip install 'inference-engine-quant[triton]'")
+        raise RuntimeError("the triton FP8 GEMM needs triton: "
+                           "pip install 'inference-engine-quant[triton]'")
     m, k = a.shape
     kb, n = b.shape
     if kb != k:
-        raise ValueError(f"fp8_block_gemm: a is {tuple(a.shape)} but b is {tuple(b.shape)} (K differs)")
+        raise ValueError(f"fp8_block_gemm: a is {tuple(a.shape)} but b is {tuple(b.shape)} "
+                         f"(K differs)")
     groups = -(-k // group_k)
     if tuple(b_scale.shape) != (groups, -(-n // group_n)):
         raise ValueError(f"fp8_block_gemm: b_scale is {tuple(b_scale.shape)}, expected "
-                         f"{(groups, -(-n // group_n))} for K={k}, N={n}, blocks {group_k}x{group_n}")
+                         f"{(groups, -(-n // group_n))} for K={k}, N={n}, "
+                         f"blocks {group_k}x{group_n}")
     if a_scale is not None and tuple(a_scale.shape) != (m, groups):
-        raise ValueError(f"fp8_block_gemm: a_scale is {tuple(a_scale.shape)}, expected {(m, groups)}")
+        raise ValueError(f"fp8_block_gemm: a_scale is {tuple(a_scale.shape)}, "
+                         f"expected {(m, groups)}")
     cfg = dict(DEFAULT_CONFIG if config is None else config)
     block_k = int(cfg["BLOCK_SIZE_K"])
     if group_k < k:
