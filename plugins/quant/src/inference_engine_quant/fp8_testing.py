@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-
 from inference_engine.builtin.platforms.cpu import CpuPlatform
 from inference_engine.config import ModelConfig, QuantConfig
 from inference_engine.engine.loader import LoadedModel, load_model

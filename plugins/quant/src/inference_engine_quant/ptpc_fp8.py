@@ -17,9 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from inference_engine.builtin.quant.unquantized import UnquantizedMethod
 from torch import nn
 
-from inference_engine.builtin.quant.unquantized import UnquantizedMethod
 from inference_engine_quant.fp8 import current_platform_or_none
 from inference_engine_quant.fp8_cast import fp8_max
 from inference_engine_quant.fp8_linear import (
