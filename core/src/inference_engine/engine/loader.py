@@ -91,7 +91,8 @@ def _hf_config(config_dict: dict[str, Any]) -> Any:
         raise ValueError(f"config.json: transformers does not know model_type {model_type!r}: {exc}") from exc
 
 
-def _quant_method(quant: QuantConfig, hf_config: Any, path: str = "") -> Any:
+def _quant_method(quant: QuantConfig, hf_config: Any, path: str = "",
+                  platform: Platform | None = None) -> Any:
     registry = get_plugins().registry
     checkpoint_cfg = getattr(hf_config, "quantization_config", None)
     if checkpoint_cfg is not None and not isinstance(checkpoint_cfg, dict):
@@ -103,7 +104,7 @@ def _quant_method(quant: QuantConfig, hf_config: Any, path: str = "") -> Any:
             checkpoint_cfg = {"quant_method": "modelopt", **json.load(f)}
     name = quant.method or (checkpoint_cfg or {}).get("quant_method") or "unquantized"
     cls = registry.resolve("quantization", name)
-    return cls(checkpoint_cfg, dequantize_at_load=quant.dequantize_at_load)
+    return cls(checkpoint_cfg, dequantize_at_load=quant.dequantize_at_load, platform=platform)
 
 
 def load_model(
@@ -133,7 +134,7 @@ def load_model(
     ctx = ModelContext(
         hf_config=hf_config,
         dtype=dtype,
-        quant_method=_quant_method(quant, hf_config, path),
+        quant_method=_quant_method(quant, hf_config, path, platform),
         attention_backend=backend_cls,
         device=device,
     )
