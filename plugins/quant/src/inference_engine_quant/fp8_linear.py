@@ -34,6 +34,7 @@ from torch import nn
 from inference_engine_quant.fp8_cast import e4m3fn_to_fnuz
 from inference_engine_quant.fp8_math import (
     dequantize_weight_kn,
+    expand_scale_grid,
     qdq_activation,
     quantize_activation,
 )
@@ -191,8 +192,9 @@ def _apply_reference(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | Non
     if layer.fp8_kernel == "reference_dequantized":
         y = xc @ weight.to(compute)
     elif layer.fp8_block[0] >= k and k * n <= _REFERENCE_TILE_ELEMENTS:
-        # One scale per output column: scale the product instead of the weight (one pass less).
-        y = (xc @ weight.to(compute)) * layer.weight_scale.expand(1, n).to(compute)
+        # One scale row along K: scale the product instead of the weight (one pass less).
+        column_scale = expand_scale_grid(layer.weight_scale, (1, layer.fp8_block[1]), (1, n))
+        y = (xc @ weight.to(compute)) * column_scale.to(compute)
     elif k * n <= _REFERENCE_TILE_ELEMENTS:
         y = xc @ dequantize_weight_kn(weight, layer.weight_scale, layer.fp8_block, compute)
     else:
