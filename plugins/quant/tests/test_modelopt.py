@@ -15,7 +15,6 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-
 from inference_engine.testing import make_tiny_model
 from inference_engine_quant.fp8_testing import load_for_test, prefill_logits
 from inference_engine_quant.modelopt import ModelOptMethod

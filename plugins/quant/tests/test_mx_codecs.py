@@ -12,7 +12,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from inference_engine_quant.mx_block import (
     dequantize_mx,
     dequantize_mxfp4,

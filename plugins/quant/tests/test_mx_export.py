@@ -13,12 +13,16 @@ import json
 import pytest
 import torch
 import transformers
-from safetensors.torch import load_file
-
 from inference_engine.testing import make_tiny_model
 from inference_engine_quant.fp8_testing import load_for_test, prefill_logits
-from inference_engine_quant.mx_testing import ref_mxfp4, ref_mxfp8, ref_nvfp4, write_quantized_checkpoint
+from inference_engine_quant.mx_testing import (
+    ref_mxfp4,
+    ref_mxfp8,
+    ref_nvfp4,
+    write_quantized_checkpoint,
+)
 from inference_engine_quant.quantize_cli import quantize_checkpoint
+from safetensors.torch import load_file
 
 TOKENS = [5, 17, 42, 99, 3, 250, 7, 64, 128, 11, 300, 2]
 
@@ -54,12 +58,15 @@ def test_quantize_writes_the_format_and_the_engine_serves_it(method, src, tmp_pa
     assert result.quantized_tensors == 2 * 7
     # The same checkpoint written by the spec formulas, and its dequantized twin.
     write_quantized_checkpoint(src, tmp_path / "ref", tmp_path / "dq", formula(method))
-    ours, ref = load_file(str(out / "model.safetensors")), load_file(str(tmp_path / "ref" / "model.safetensors"))
+    ours = load_file(str(out / "model.safetensors"))
+    ref = load_file(str(tmp_path / "ref" / "model.safetensors"))
     assert set(ours) == set(ref)
     for name, tensor in ref.items():
         assert ours[name].dtype == tensor.dtype, name
-        assert torch.equal(ours[name].view(torch.uint8) if tensor.element_size() == 1 else ours[name],
-                           tensor.view(torch.uint8) if tensor.element_size() == 1 else tensor), name
+        if tensor.element_size() == 1:  # compare FP8/U8 tensors bytewise
+            assert torch.equal(ours[name].view(torch.uint8), tensor.view(torch.uint8)), name
+        else:
+            assert torch.equal(ours[name], tensor), name
     config = json.loads((out / "config.json").read_text())["quantization_config"]
     if method == "mxfp4":
         assert config["quant_method"] == "mxfp4"

@@ -1,4 +1,4 @@
-"""The Triton FP4 dequant-GEMM against the tiled PyTorch reference, under TRITON_INTERPRET=1 in fp32."""
+"""The Triton FP4 dequant-GEMM against the tiled torch reference (TRITON_INTERPRET=1, fp32)."""
 
 from __future__ import annotations
 

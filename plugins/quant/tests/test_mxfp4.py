@@ -13,14 +13,17 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-
 from inference_engine import LLM, SamplingParams
 from inference_engine.builtin.platforms.cpu import CpuPlatform
 from inference_engine.testing import make_tiny_model
 from inference_engine_quant.fp8_testing import load_for_test, prefill_logits
 from inference_engine_quant.mx_block import dequantize_mxfp4
 from inference_engine_quant.mx_linear import quantized_weight_bytes
-from inference_engine_quant.mx_testing import ref_dequantized_online, ref_mxfp4, write_quantized_checkpoint
+from inference_engine_quant.mx_testing import (
+    ref_dequantized_online,
+    ref_mxfp4,
+    write_quantized_checkpoint,
+)
 from inference_engine_quant.mxfp4 import Mxfp4Method
 
 TOKENS = [5, 17, 42, 99, 3, 250, 7, 64, 128, 11, 300, 2]
@@ -107,8 +110,8 @@ def test_online_mxfp4_dequantizes_to_the_formula(qwen3_dir):
     loaded = load_for_test(str(qwen3_dir), "mxfp4")
     hf = transformers.AutoModelForCausalLM.from_pretrained(qwen3_dir, dtype=torch.float32)
     layer = loaded.model.model.layers[1]
-    w = torch.cat([hf.model.layers[1].self_attn.q_proj.weight, hf.model.layers[1].self_attn.k_proj.weight,
-                   hf.model.layers[1].self_attn.v_proj.weight]).detach()
+    attn = hf.model.layers[1].self_attn
+    w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach()
     got = dequantize_mxfp4(layer.self_attn.qkv_proj.weight_blocks,
                            layer.self_attn.qkv_proj.weight_scales, torch.float32)
     blocks, scales, deq = ref_mxfp4(w)

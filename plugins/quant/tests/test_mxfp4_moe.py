@@ -13,20 +13,19 @@ import json
 import pytest
 import torch
 import transformers
-from safetensors.torch import load_file, save_file
-
 from inference_engine.testing import train_tiny_tokenizer
 from inference_engine_quant.fp8_testing import load_for_test, prefill_logits
 from inference_engine_quant.mx_linear import quantized_weight_bytes
 from inference_engine_quant.mx_testing import ref_mxfp4
 from inference_engine_quant.mxfp4_moe import Mxfp4FusedMoEMethod
+from safetensors.torch import load_file, save_file
 
 TOKENS = [5, 17, 42, 99, 3, 250, 7, 64, 128, 11, 300, 2, 9]
-E, H, I = 4, 64, 32
+E, H, I = 4, 64, 32  # noqa: E741 - experts, hidden, intermediate
 
 
 def _mxfp4_experts(w_rows: torch.Tensor):
-    """``[E, rows, K]`` -> (blocks [E, rows, K/32, 16], scales [E, rows, K/32], dequant [E, rows, K])."""
+    """``[E, rows, K]`` -> (blocks [E, rows, K/32, 16], scales [E, rows, K/32], dequant)."""
     e, rows, k = w_rows.shape
     blocks, scales, deq = ref_mxfp4(w_rows.reshape(e * rows, k))
     return (blocks.reshape(e, rows, k // 32, 16), scales.reshape(e, rows, k // 32),

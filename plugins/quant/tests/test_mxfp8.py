@@ -9,11 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-
 from inference_engine.testing import make_tiny_model
 from inference_engine_quant.fp8_testing import load_for_test, prefill_logits
 from inference_engine_quant.mx_block import dequantize_mxfp8
-from inference_engine_quant.mx_testing import ref_dequantized_online, ref_mxfp8, write_quantized_checkpoint
+from inference_engine_quant.mx_testing import (
+    ref_dequantized_online,
+    ref_mxfp8,
+    write_quantized_checkpoint,
+)
 from inference_engine_quant.mxfp8 import mxfp8_linear_reference
 
 TOKENS = [5, 17, 42, 99, 3, 250, 7, 64, 128, 11, 300, 2]

@@ -17,8 +17,6 @@ import shutil
 import pytest
 import torch
 import transformers
-from safetensors.torch import load_file, save_file
-
 from inference_engine import LLM, SamplingParams
 from inference_engine.testing import make_tiny_model
 from inference_engine_quant.fp8_testing import load_for_test, prefill_logits
@@ -31,6 +29,7 @@ from inference_engine_quant.mx_testing import (
     write_quantized_checkpoint,
 )
 from inference_engine_quant.nvfp4 import Nvfp4Method
+from safetensors.torch import load_file, save_file
 
 TOKENS = [5, 17, 42, 99, 3, 250, 7, 64, 128, 11, 300, 2]
 ATOL = 1e-4

@@ -107,7 +107,8 @@ class ModelOptMethod(PerLayerFormatMethod):
         self.layer_algos: dict[str, str] = {}
         for name, spec in layers.items():
             layer_algo = str((spec or {}).get("quant_algo") or "").upper()
-            self._check_algo(layer_algo, (spec or {}).get("group_size"), f"quantized_layers[{name!r}]")
+            self._check_algo(layer_algo, (spec or {}).get("group_size"),
+                             f"quantized_layers[{name!r}]")
             self.layer_algos[name] = layer_algo
         if algo != "MIXED_PRECISION":
             self._check_algo(algo, settings.get("group_size"), "quant_algo")

@@ -21,11 +21,10 @@ from functools import partial
 from typing import Any
 
 import torch
-from torch import nn
-
 from inference_engine.builtin.quant.unquantized import UnquantizedMethod
 from inference_engine.interfaces.quant import QuantMethod
 from inference_engine.layers.linear import copy_into_rows
+from torch import nn
 
 __all__ = [
     "DenseFormat",
@@ -97,8 +96,9 @@ def fp4_kernel_name(platform: Any, what: str) -> str:
     return name
 
 
-def replace_params(layer: nn.Module, remove: tuple[str, ...], **tensors: torch.Tensor | None) -> None:
-    """Drop the loading parameters ``remove`` and register the runtime ``tensors`` (None: absent)."""
+def replace_params(layer: nn.Module, remove: tuple[str, ...],
+                   **tensors: torch.Tensor | None) -> None:
+    """Drop the loading parameters ``remove``; register the runtime ``tensors`` (None: absent)."""
     for name in remove:
         layer._parameters.pop(name, None)
         if name in layer.__dict__:

@@ -50,7 +50,8 @@ def ref_e2m1(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ties = dist == best
     # Among the (at most two) nearest codes prefer the even one.
     even = torch.arange(8) % 2 == 0
-    choice = torch.where((ties & even).any(-1), (ties & even).int().argmax(-1), ties.int().argmax(-1))
+    even_ties = ties & even
+    choice = torch.where(even_ties.any(-1), even_ties.int().argmax(-1), ties.int().argmax(-1))
     sign = torch.signbit(v)
     codes = choice.to(torch.uint8) + 8 * sign.to(torch.uint8)
     values = _E2M1_GRID[choice].float() * torch.where(sign, -1.0, 1.0)
@@ -83,7 +84,7 @@ def ref_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 
 
 def ref_mxfp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """ModelOpt MXFP8 tensors of ``w [N, K]``: weight e4m3 [N, K], weight_scale U8 [N, K/32], dequant."""
+    """ModelOpt MXFP8 tensors of ``w [N, K]``: weight e4m3, weight_scale U8 [N, K/32], dequant."""
     n, k = w.shape
     blocks = w.float().reshape(n, k // 32, 32)
     amax = blocks.abs().amax(-1)

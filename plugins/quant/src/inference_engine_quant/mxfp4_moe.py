@@ -19,14 +19,14 @@ from __future__ import annotations
 from functools import partial
 
 import torch
-from torch import nn
-
 from inference_engine.layers.moe.method import (
     ExpertWeights,
     FusedMoEMethod,
     UnquantizedFusedMoEMethod,
     load_expert_part,
 )
+from torch import nn
+
 from inference_engine_quant.mx_block import MX_BLOCK_SIZE, dequantize_mxfp4, quantize_mxfp4
 from inference_engine_quant.mx_e8m0 import ScaleRule
 from inference_engine_quant.mx_linear import replace_params
@@ -94,7 +94,8 @@ class Mxfp4FusedMoEMethod(FusedMoEMethod):
             }
         remove = ("gate_up_proj", "down_proj") + tuple(tensors)
         if self.dequantize_at_load:
-            dense = {f"{part}_proj": self._dequantize(layer, part, tensors) for part in ("gate_up", "down")}
+            dense = {f"{part}_proj": self._dequantize(layer, part, tensors)
+                     for part in ("gate_up", "down")}
             replace_params(layer, remove, **dense)
             layer.mx_dense = True
             return
@@ -113,8 +114,8 @@ class Mxfp4FusedMoEMethod(FusedMoEMethod):
             return (layer.gate_up_proj, layer.down_proj, *bias)
         # Dequantized per forward: the packed experts are what stays resident.
         tensors = dict(layer.named_parameters(recurse=False))
-        return (self._dequantize(layer, "gate_up", tensors), self._dequantize(layer, "down", tensors),
-                *bias)
+        return (self._dequantize(layer, "gate_up", tensors),
+                self._dequantize(layer, "down", tensors), *bias)
 
     def weight_memory_bytes(self, layer: nn.Module) -> int:
         """Bytes of the experts' weights and scales at rest (biases excluded)."""

@@ -18,7 +18,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference_engine_quant.mx_block import MX_BLOCK_SIZE, dequantize_mxfp8, pad_to_block, quantize_mxfp8
+from inference_engine_quant.mx_block import (
+    MX_BLOCK_SIZE,
+    dequantize_mxfp8,
+    pad_to_block,
+    quantize_mxfp8,
+)
 from inference_engine_quant.mx_e8m0 import ScaleRule, decode_e8m0
 from inference_engine_quant.mx_linear import (
     DenseFormat,

@@ -51,7 +51,8 @@ from inference_engine_quant.nvfp4_codec import (
 __all__ = ["Nvfp4Format", "Nvfp4Method", "merged_input_scale"]
 
 
-def merged_input_scale(layer: nn.Module, per_part: torch.Tensor, prefix: str) -> torch.Tensor | None:
+def merged_input_scale(layer: nn.Module, per_part: torch.Tensor,
+                       prefix: str) -> torch.Tensor | None:
     """The max of the parts' static input scales; None when the checkpoint has none.
 
     Raises:
@@ -77,7 +78,8 @@ class Nvfp4Format(LinearFormat):
 
     name = "nvfp4"
 
-    def __init__(self, online: bool, dequantize_at_load: bool = False, platform: Any = None) -> None:
+    def __init__(self, online: bool, dequantize_at_load: bool = False,
+                 platform: Any = None) -> None:
         self.online = online
         self.dequantize_at_load = dequantize_at_load
         self.platform = platform

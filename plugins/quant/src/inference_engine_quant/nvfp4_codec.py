@@ -89,7 +89,8 @@ def dequantize_nvfp4(
         raise ValueError(f"NVFP4 values must be packed uint8, got {packed.dtype}")
     values = decode_packed_e2m1(packed, torch.float32)
     k = values.shape[-1]
-    if k != block_scales.shape[-1] * NVFP4_BLOCK_SIZE or values.shape[:-1] != block_scales.shape[:-1]:
+    rows_match = values.shape[:-1] == block_scales.shape[:-1]
+    if k != block_scales.shape[-1] * NVFP4_BLOCK_SIZE or not rows_match:
         raise ValueError(
             f"NVFP4 block scales of shape {tuple(block_scales.shape)} do not match {k} elements "
             f"per row of shape {tuple(values.shape[:-1])} (one scale per {NVFP4_BLOCK_SIZE})"

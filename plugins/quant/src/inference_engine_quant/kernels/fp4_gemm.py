@@ -167,8 +167,8 @@ if HAS_TRITON:
             mag = tl.where(exp == 0, 0.5 * man,
                            tl.exp2((exp - 1).to(tl.float32)) * (1.0 + 0.5 * man))
             val = tl.where((code >> 3) == 1, -mag, mag)
-            sb = tl.load(s_ptr + offs_n[:, None] * stride_sn + (offs_k[None, :] // GROUP) * stride_sk,
-                         mask=wk_mask, other=0).to(tl.int32)
+            s_ptrs = s_ptr + offs_n[:, None] * stride_sn + (offs_k[None, :] // GROUP) * stride_sk
+            sb = tl.load(s_ptrs, mask=wk_mask, other=0).to(tl.int32)
             if SCALE_E8M0:
                 scale = tl.exp2((sb - 127).to(tl.float32))
             else:
@@ -218,7 +218,8 @@ def fp4_linear_triton(
         RuntimeError: when Triton is not installed.
     """
     if not HAS_TRITON:
-        raise RuntimeError("fp4_linear_triton needs triton (pip install inference-engine-quant[triton])")
+        raise RuntimeError("fp4_linear_triton needs triton "
+                           "(pip install inference-engine-quant[triton])")
     group = _group_of(scale_kind)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
