@@ -45,3 +45,16 @@ def test_tied_embedding_is_held_once(tmp_path, tokenizer, make_hf_model):
     ids = torch.tensor([0, 5, 17])
     assert torch.equal(model.model.embed_tokens(ids), model.model.embed_tokens.weight[ids])
     assert raw.dtype == torch.uint8
+
+
+def test_moe_experts_stay_in_ggml_blocks(tmp_path, tokenizer, make_hf_model):
+    from inference_engine_gguf.moe_method import GGMLFusedMoEMethod
+
+    hf = make_hf_model("qwen3_moe")
+    path = tmp_path / "moe.gguf"
+    export_to_gguf(hf, tokenizer, path, T.Q4_K)
+    model = load(path).engine.model
+    experts = model.model.layers[0].mlp.experts
+    assert isinstance(experts.quant_method, GGMLFusedMoEMethod)
+    assert experts.gate_up_proj.dtype == torch.uint8
+    assert model_weight_bytes(model) <= 0.35 * sum(p.numel() for p in hf.parameters()) * 2

@@ -3,7 +3,9 @@
 Each function takes blocks ``uint8 [n_blocks, type_size]`` and returns float32
 ``[n_blocks, block_size]``. They follow the ``gguf`` package's numpy reference
 operation by operation (same float32 products and sums, no fused multiply-add),
-which is what makes the results identical, not merely close.
+which is what makes the results identical, not merely close. The scale and
+offset are applied in place on the freshly made float tensor (one float
+buffer per call: these run on every matmul).
 
 :func:`dequantize` is the entry point: raw rows ``[..., row_bytes]`` (or a float
 tensor for F32/F16/BF16) to float32 ``[..., K]``; it runs on whatever device the
@@ -50,7 +52,7 @@ def _q4_0(b: torch.Tensor) -> torch.Tensor:
     d = _f16(b[:, :2])
     qs = _shifted(b[:, 2:].reshape(n, -1, 1, 16), [0, 4], (1, 1, 2, 1))
     q = ((qs & 0x0F).reshape(n, -1).to(torch.int8) - 8).float()
-    return d * q
+    return q.mul_(d)
 
 
 def _q4_1(b: torch.Tensor) -> torch.Tensor:
@@ -58,7 +60,7 @@ def _q4_1(b: torch.Tensor) -> torch.Tensor:
     d, m = _f16(b[:, :2]), _f16(b[:, 2:4])
     qs = _shifted(b[:, 4:].reshape(n, -1, 1, 16), [0, 4], (1, 1, 2, 1))
     q = (qs & 0x0F).reshape(n, -1).float()
-    return (d * q) + m
+    return q.mul_(d).add_(m)
 
 
 def _bits32(qh: torch.Tensor) -> torch.Tensor:
@@ -73,7 +75,7 @@ def _q5_0(b: torch.Tensor) -> torch.Tensor:
     qh = _bits32(b[:, 2:6])
     ql = (_shifted(b[:, 6:].reshape(n, -1, 1, 16), [0, 4], (1, 1, 2, 1)) & 0x0F).reshape(n, -1)
     q = ((ql | (qh << 4)).to(torch.int8) - 16).float()
-    return d * q
+    return q.mul_(d)
 
 
 def _q5_1(b: torch.Tensor) -> torch.Tensor:
@@ -82,13 +84,13 @@ def _q5_1(b: torch.Tensor) -> torch.Tensor:
     qh = _bits32(b[:, 4:8])
     ql = (_shifted(b[:, 8:].reshape(n, -1, 1, 16), [0, 4], (1, 1, 2, 1)) & 0x0F).reshape(n, -1)
     q = (ql | (qh << 4)).float()
-    return (d * q) + m
+    return q.mul_(d).add_(m)
 
 
 def _q8_0(b: torch.Tensor) -> torch.Tensor:
     d = _f16(b[:, :2])
     x = b[:, 2:].contiguous().view(torch.int8).float()
-    return x * d
+    return x.mul_(d)
 
 
 def _q2_k(b: torch.Tensor) -> torch.Tensor:
@@ -100,7 +102,7 @@ def _q2_k(b: torch.Tensor) -> torch.Tensor:
     ml = (dmin * (scales >> 4).float()).reshape(n, QK_K // 16, 1)
     q = _shifted(qs.reshape(n, -1, 1, 32), [0, 2, 4, 6], (1, 1, 4, 1)) & 3
     q = q.reshape(n, QK_K // 16, 16).float()
-    return (dl * q - ml).reshape(n, -1)
+    return q.mul_(dl).sub_(ml).reshape(n, -1)
 
 
 def _q3_k(b: torch.Tensor) -> torch.Tensor:
@@ -119,7 +121,7 @@ def _q3_k(b: torch.Tensor) -> torch.Tensor:
     ql = ql.reshape(n, 16, QK_K // 16) & 3
     qh = (qh.reshape(n, 16, QK_K // 16) & 1) ^ 1  # the offset is zero when the mask bit is 1
     q = (ql.to(torch.int8) - (qh << 2).to(torch.int8)).float()
-    return (dl * q).reshape(n, QK_K)
+    return q.mul_(dl).reshape(n, QK_K)
 
 
 def _scale_min_k4(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,7 +142,7 @@ def _q4_k(b: torch.Tensor) -> torch.Tensor:
     dm = (dmin * mn.float()).reshape(n, -1, 1)
     q = _shifted(b[:, 16:].reshape(n, -1, 1, 32), [0, 4], (1, 1, 2, 1))
     q = (q & 0x0F).reshape(n, -1, 32).float()
-    return (dd * q - dm).reshape(n, QK_K)
+    return q.mul_(dd).sub_(dm).reshape(n, QK_K)
 
 
 def _q5_k(b: torch.Tensor) -> torch.Tensor:
@@ -155,7 +157,7 @@ def _q5_k(b: torch.Tensor) -> torch.Tensor:
     ql = (ql & 0x0F).reshape(n, -1, 32)
     qh = (qh & 0x01).reshape(n, -1, 32)
     q = (ql | (qh << 4)).float()
-    return (dd * q - dm).reshape(n, QK_K)
+    return q.mul_(dd).sub_(dm).reshape(n, QK_K)
 
 
 def _q6_k(b: torch.Tensor) -> torch.Tensor:
@@ -171,7 +173,7 @@ def _q6_k(b: torch.Tensor) -> torch.Tensor:
     qh = (qh & 0x03).reshape(n, -1, 32)
     q = (ql | (qh << 4)).to(torch.int8) - 32
     q = q.reshape(n, QK_K // 16, -1).float()
-    return (dd * q).reshape(n, QK_K)
+    return q.mul_(dd).reshape(n, QK_K)
 
 
 _MXFP4_VALUES = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12]  # e2m1, doubled
@@ -186,7 +188,7 @@ def _mxfp4(b: torch.Tensor) -> torch.Tensor:
     qs = _shifted(b[:, 1:].reshape(n, 1, 16), [0, 4], (1, 2, 1)) & 0x0F
     table = _const("mxfp4", _MXFP4_VALUES, torch.int8, (16,), b.device)
     q = table[qs.long()].reshape(n, 32)
-    return d * q.float()
+    return q.float().mul_(d)
 
 
 _BLOCK_FNS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Tensor]] = {

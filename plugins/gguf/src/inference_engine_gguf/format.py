@@ -36,6 +36,9 @@ __all__ = ["GGUFFormat", "RAW_LINEAR_RE"]
 RAW_LINEAR_RE = re.compile(
     r"^model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight$"
 )
+# Stacked expert tensor -> its part in the MoE layer.
+EXPERT_PARTS = {"ffn_gate_exps": "gate", "ffn_up_exps": "up", "ffn_down_exps": "down"}
+_EXPERT_RE = re.compile(r"^blk\.(\d+)\.(ffn_(?:gate|up|down)_exps)\.weight$")
 # Dense modules the quant method swaps for raw-block versions after loading.
 EMBEDDING_TENSORS = {"token_embd.weight": "model.embed_tokens.weight",
                      "output.weight": "lm_head.weight"}
@@ -63,7 +66,13 @@ class GGUFFormat(WeightFormat):
         config = dict(self._config)
         tensor_types: dict[str, str] = {}
         embedding_types: dict[str, str] = {}
+        expert_types: dict[str, dict[str, str]] = {}
         for info in self.file.tensors.values():
+            expert = _EXPERT_RE.match(info.name)
+            if expert is not None:
+                prefix = f"model.layers.{expert.group(1)}.mlp.experts"
+                expert_types.setdefault(prefix, {})[EXPERT_PARTS[expert.group(2)]] = info.qtype.name
+                continue
             if info.name in EMBEDDING_TENSORS:
                 embedding_types[EMBEDDING_TENSORS[info.name]] = info.qtype.name
                 continue
@@ -75,6 +84,9 @@ class GGUFFormat(WeightFormat):
             "gguf_file": self.file.path,
             "tensor_types": tensor_types,
             "embedding_types": embedding_types,
+            # Experts stay raw where gate and up share a type (they are fused in one tensor).
+            "expert_types": {p: t for p, t in expert_types.items()
+                             if len(t) == 3 and t["gate"] == t["up"]},
         }
         return config
 
@@ -95,7 +107,8 @@ class GGUFFormat(WeightFormat):
         return raw
 
     def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        raw_names = self.load_config()["quantization_config"]["tensor_types"]
+        quant = self.load_config()["quantization_config"]
+        raw_names, raw_experts = quant["tensor_types"], quant["expert_types"]
         for ggml_name, info in self.file.tensors.items():
             names = self._hf_names(ggml_name)
             if not names:
@@ -103,6 +116,10 @@ class GGUFFormat(WeightFormat):
             raw = self.read_raw(ggml_name)
             if len(names) == 1 and names[0] in raw_names:
                 yield names[0], raw
+                continue
+            expert = _EXPERT_RE.match(ggml_name)
+            if expert is not None and f"model.layers.{expert.group(1)}.mlp.experts" in raw_experts:
+                yield from zip(names, raw.unbind(0), strict=True)
                 continue
             dense = dequantize(raw, info.qtype)
             if len(names) == 1:

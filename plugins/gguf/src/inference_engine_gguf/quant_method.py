@@ -115,6 +115,10 @@ class GGUFMethod(QuantMethod):
                              for name, type_name in cfg.get("tensor_types", {}).items()}
         self.embedding_types = {name: check_supported(T[type_name], name)
                                 for name, type_name in cfg.get("embedding_types", {}).items()}
+        self.expert_types = {
+            prefix: {part: check_supported(T[t], prefix) for part, t in parts.items()}
+            for prefix, parts in cfg.get("expert_types", {}).items()
+        }
         self.gguf_file: str | None = cfg.get("gguf_file")
         self.dequantize_at_load = bool(options.get("dequantize_at_load", False))
         self._dense = UnquantizedMethod()
@@ -199,6 +203,15 @@ class GGUFMethod(QuantMethod):
         if "lm_head.weight" in swap and head is not None and not getattr(head, "is_tied", False):
             raw = file.raw(ggml_names["lm_head.weight"]).to(head.weight.device)
             _replace(model, "lm_head", GGMLLMHead(raw, swap["lm_head.weight"], head.weight.dtype))
+
+    def fused_moe_method(self, prefix: str) -> Any | None:
+        """Raw GGML experts for MoE layers the file stores that way, else dense (None)."""
+        parts = self.expert_types.get(prefix)
+        if parts is None:
+            return None
+        from inference_engine_gguf.moe_method import GGMLFusedMoEMethod
+
+        return GGMLFusedMoEMethod(parts["gate"], parts["down"], self.dequantize_at_load)
 
     # ---------------------------------------------------------------- runtime
     def apply(self, layer: nn.Module, x: torch.Tensor,

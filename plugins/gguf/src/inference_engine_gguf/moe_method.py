@@ -1,0 +1,65 @@
+"""MoE experts kept in their GGML blocks: the fused-MoE method of the ``gguf`` quant method.
+
+The core's fused MoE layer asks its method for dense ``gate_up [E, 2I, K]`` and
+``down [E, K_out, I]`` tensors per forward. This method stores the file's
+stacked expert tensors as raw rows (``[E, 2I, row_bytes]``: gate rows then up
+rows, as the layer fuses them) and dequantizes them for that forward only, so
+the resident expert memory is the file's bytes. Rows are whole GGML rows, so
+the core's per-expert loader (which narrows rows) fills them unchanged.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from gguf.constants import GGMLQuantizationType
+from inference_engine.layers.moe.method import ExpertWeights, FusedMoEMethod, load_expert_part
+from torch import nn
+
+from inference_engine_gguf.dequant import dequantize
+from inference_engine_gguf.quant_method import empty_raw
+
+__all__ = ["GGMLFusedMoEMethod"]
+
+
+class GGMLFusedMoEMethod(FusedMoEMethod):
+    """Experts as GGML rows: gate/up share ``gate_up_type``, down has ``down_type``."""
+
+    def __init__(self, gate_up_type: GGMLQuantizationType, down_type: GGMLQuantizationType,
+                 dequantize_at_load: bool = False) -> None:
+        self.gate_up_type = gate_up_type
+        self.down_type = down_type
+        self.dequantize_at_load = dequantize_at_load
+
+    def create_weights(self, layer: nn.Module, prefix: str, num_experts: int, hidden_size: int,
+                       intermediate_size: int, params_dtype: torch.dtype, bias: bool) -> None:
+        if bias:
+            raise ValueError(f"{prefix}: GGUF experts with biases are not supported")
+        layer.gguf_dtype = params_dtype  # type: ignore[attr-defined]
+        shapes = {"gate_up_proj": (self.gate_up_type, 2 * intermediate_size, hidden_size),
+                  "down_proj": (self.down_type, hidden_size, intermediate_size)}
+        for name, (qtype, rows, k) in shapes.items():
+            raw = empty_raw(qtype, (num_experts * rows, k)).reshape(num_experts, rows, -1)
+            param = nn.Parameter(raw, requires_grad=False)
+            param.weight_loader = partial(  # type: ignore[attr-defined]
+                load_expert_part, intermediate_size, name=f"{prefix}.{name}")
+            layer.register_parameter(name, param)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        if self.dequantize_at_load:
+            gate_up, down, _, _ = self._dense(layer)
+            layer.gate_up_proj = nn.Parameter(gate_up, requires_grad=False)
+            layer.down_proj = nn.Parameter(down, requires_grad=False)
+            self.gate_up_type = self.down_type = None  # type: ignore[assignment]
+
+    def expert_weights(self, layer: nn.Module) -> ExpertWeights:
+        if self.gate_up_type is None:  # dequantized at load
+            return layer.gate_up_proj, layer.down_proj, None, None
+        return self._dense(layer)
+
+    def _dense(self, layer: nn.Module) -> ExpertWeights:
+        dtype = layer.gguf_dtype
+        gate_up = dequantize(layer.gate_up_proj, self.gate_up_type).to(dtype)
+        down = dequantize(layer.down_proj, self.down_type).to(dtype)
+        return gate_up, down, None, None
