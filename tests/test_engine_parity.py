@@ -149,3 +149,25 @@ def test_last_position_logits_match_reference(arch, backend, tiny_model_dirs, re
             ref = model(torch.tensor([ids])).logits[0, -1].float()
         assert (logits.sample_logits[row] - ref).abs().max() < 1e-4
     engine.abort_request([f"p{i}" for i in range(len(PROMPTS))])
+
+
+def test_context_beyond_max_position_embeddings(tmp_path, tiny_tokenizer):
+    """``--max-model-len`` above the config's max_position_embeddings: positions past it
+    are rotated as transformers rotates them (default rope has no limit)."""
+    from inference_engine.testing import make_tiny_model
+
+    path = make_tiny_model(tmp_path / "short", "llama", tokenizer=tiny_tokenizer,
+                           max_position_embeddings=16)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    prompt = tiny_tokenizer.encode(PROMPTS[1])[:12]
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        ref = model.generate(ids, do_sample=False, max_new_tokens=36,
+                             attention_mask=torch.ones_like(ids))[0, len(prompt):].tolist()
+    llm = LLM(str(path), dtype="float32", max_model_len=64, kv_cache_memory=SMALL_KV,
+              show_progress=False)
+    out = llm.generate([{"prompt_token_ids": prompt}],
+                       SamplingParams(temperature=0, max_tokens=36, ignore_eos=True),
+                       use_tqdm=False)[0].outputs[0].token_ids
+    assert_greedy_matches(model, prompt, list(out), ref)

@@ -131,12 +131,14 @@ def load_model(
     dtype = resolve_dtype(model_config.dtype, hf_config, platform)
     backend_cls = registry.resolve("attention_backends", model_config.attention_backend)
     device = platform.device()
+    max_len = model_config.max_model_len or getattr(hf_config, "max_position_embeddings", 2048)
     ctx = ModelContext(
         hf_config=hf_config,
         dtype=dtype,
         quant_method=_quant_method(quant, hf_config, path, platform),
         attention_backend=backend_cls,
         device=device,
+        max_model_len=int(max_len),
     )
     with torch.device(device):
         model = model_cls(ctx)
@@ -160,7 +162,6 @@ def load_model(
         tokenizer = AutoTokenizer.from_pretrained(model_config.tokenizer or path)
     generation_config = fmt.generation_config()
     eos = _eos_ids(generation_config, hf_config, tokenizer)
-    max_len = model_config.max_model_len or getattr(hf_config, "max_position_embeddings", 2048)
     return LoadedModel(model, hf_config, tokenizer, eos, dtype, int(max_len), architecture,
                        generation_config)
 

@@ -30,6 +30,9 @@ class ModelContext:
     # Attention backend class each attention layer instantiates.
     attention_backend: type[AttentionBackend]
     device: torch.device
+    # Longest context the engine will run (``--max-model-len``); position tables
+    # must cover it even where it exceeds the config's max_position_embeddings.
+    max_model_len: int = 0
 
 
 class CausalLM(nn.Module, ABC):

@@ -190,7 +190,8 @@ class DecoderModel(nn.Module):
         self.embedding_multiplier = opts.embedding_multiplier
         # One table for all layers (they share the config's rope settings).
         self.rotary_emb = RotaryEmbedding(head_dim_of(cfg), cfg.max_position_embeddings,
-                                          rope_parameters(cfg), ctx.dtype)
+                                          rope_parameters(cfg), ctx.dtype,
+                                          min_positions=ctx.max_model_len)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 metadata: AttentionMetadata) -> torch.Tensor:

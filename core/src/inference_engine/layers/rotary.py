@@ -210,10 +210,12 @@ class RotaryEmbedding(nn.Module):
         params: from :func:`rope_parameters`.
         dtype: the compute dtype; the cache is rounded to it as transformers
             rounds its cos/sin to the activations' dtype.
+        min_positions: positions the cache must cover at least (the engine's
+            max_model_len when it exceeds ``max_position``).
     """
 
     def __init__(self, head_dim: int, max_position: int, params: dict[str, Any],
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, min_positions: int = 0) -> None:
         super().__init__()
         self.head_dim = head_dim
         self.rot_dim = int(head_dim * float(params.get("partial_rotary_factor") or 1.0))
@@ -223,6 +225,7 @@ class RotaryEmbedding(nn.Module):
         num_positions = max_position
         if self.rope_type == "dynamic":
             num_positions = int(max_position * float(params["factor"]))
+        num_positions = max(num_positions, min_positions)
         self.max_position = num_positions
         angles, scaling = _angles(params, self.rot_dim, max_position, num_positions)
         cos = angles.cos() * scaling

@@ -124,7 +124,13 @@ def sdpa(
     SDPA has no such term.
     """
     if sinks is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+        # SDPA's is_causal aligns the queries top-left; ours are the *last* Lq
+        # positions, so only Lq == Lk may use it (and one query sees everything).
+        q_len, k_len = q.shape[2], k.shape[2]
+        causal = mask is None and q_len > 1
+        if causal and q_len != k_len:
+            mask, causal = causal_mask(q_len, k_len, q.device), False
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                               scale=scale, enable_gqa=gqa)
     heads, q_len, k_len = q.shape[1], q.shape[2], k.shape[2]
     if gqa:
