@@ -173,3 +173,45 @@ def test_tiled_reference_equals_untiled(monkeypatch):
     whole = apply_fp8_linear(layer, x)
     monkeypatch.setattr(fl, "_REFERENCE_TILE_ELEMENTS", 96 * 64)
     assert torch.allclose(apply_fp8_linear(layer, x), whole, atol=1e-5)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+@pytest.mark.parametrize(("capability", "per_tensor", "block"), [
+    ((8, 0), "triton_weight_only", "triton_weight_only"),
+    ((9, 0), "scaled_mm", "triton"),
+])
+def test_real_cuda_platform_on_a_simulated_machine(capability, per_tensor, block):
+    """The core's CudaPlatform answering from simulated device facts drives the same choice."""
+    device_info = pytest.importorskip("inference_engine.device_info")
+    from inference_engine.builtin.platforms.cuda import CudaPlatform
+
+    gpu = device_info.DeviceProperties(name="sim", total_memory=80 << 30, capability=capability,
+                                       shared_memory_per_block=228 << 10)
+    with device_info.simulate_devices({"cuda": [gpu]}):
+        platform = CudaPlatform()
+        if not getattr(platform, "supports_triton", lambda: True)():
+            pytest.skip("this triton build has no NVIDIA backend to report")
+        assert choose_fp8_kernel(platform, blockwise=False) == per_tensor
+        assert choose_fp8_kernel(platform, blockwise=True) == block
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+@pytest.mark.parametrize(("arch", "dtype"), [
+    ("gfx942:sramecc+:xnack-", torch.float8_e4m3fnuz),
+    ("gfx950", torch.float8_e4m3fn),
+])
+def test_real_rocm_platform_on_a_simulated_machine(arch, dtype):
+    """The ROCm plugin's platform: fnuz on gfx942 (weights converted), OCP on gfx950."""
+    device_info = pytest.importorskip("inference_engine.device_info")
+    rocm = pytest.importorskip("inference_engine_rocm.platform")
+    gpu = device_info.DeviceProperties(name="sim", total_memory=192 << 30, arch=arch,
+                                       shared_memory_per_block=64 << 10)
+    with device_info.simulate_devices({"rocm": [gpu]}):
+        platform = rocm.RocmPlatform()
+        assert platform.fp8_dtype() == dtype
+        torch.manual_seed(5)
+        layer, q, s = _per_channel_layer(platform, torch.randn(16, 32) * 0.1)
+    assert layer.weight.dtype == dtype
+    assert layer.fp8_kernel in ("scaled_mm", "reference")
+    expected = 2 * s.reshape(1, -1) if dtype == torch.float8_e4m3fnuz else s.reshape(1, -1)
+    assert torch.equal(layer.weight_scale, expected)
