@@ -128,6 +128,9 @@ def finalize_fp8_layer(
     k, n = weight_kn.shape
     blockwise = block_kn[0] < k or block_kn[1] > 1
     kernel = choose_fp8_kernel(platform, blockwise, dequantize_at_load)
+    if kernel == "scaled_mm" and (k % 16 or n % 16) and weight_kn.device.type != "cpu":
+        # cuBLASLt FP8 GEMMs need K and N to be multiples of 16; tiny layers take the Triton GEMM.
+        kernel = "triton" if _has_triton() else "reference"
     fp8_dtype = platform.fp8_dtype() if platform is not None else None
     scale_kn = scale_kn.float()
     if fp8_dtype == torch.float8_e4m3fnuz and weight_kn.dtype == torch.float8_e4m3fn:
