@@ -17,6 +17,10 @@ import pytest
 import torch
 import transformers
 from inference_engine import LLM, SamplingParams
+from inference_engine.engine.kv_cache import KVCachePool
+from inference_engine.engine.model_runner import attention_layers
+from inference_engine.interfaces.attention import KVCacheSpec
+from inference_engine.layers.mla import MLAAttention
 from inference_engine.testing import train_tiny_tokenizer
 from inference_engine.testing_parity import (
     BACKENDS,
@@ -28,6 +32,7 @@ from inference_engine.testing_parity import (
     run_step,
     saved_tensors,
 )
+from inference_engine_models.deepseek_v2 import DeepseekV2ForCausalLM
 from inference_engine_models.glm4_moe import Glm4MoeForCausalLM
 from inference_engine_models.gpt_oss import GptOssForCausalLM
 from inference_engine_models.granitemoe import GraniteMoeForCausalLM
@@ -75,12 +80,22 @@ def gpt_oss(vocab: int) -> Any:
         sliding_window=5, **COMMON)
 
 
+def deepseek_v2(vocab: int) -> Any:
+    return transformers.DeepseekV2Config(
+        vocab_size=vocab, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8,
+        n_shared_experts=1, first_k_dense_replace=1, topk_method="group_limited_greedy",
+        n_group=4, topk_group=2, routed_scaling_factor=1.5, kv_lora_rank=32, q_lora_rank=24,
+        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+        **{**COMMON, "num_key_value_heads": 4})  # MLA: transformers expects kv heads = heads
+
+
 ARCHS: dict[str, tuple[Callable[[int], Any], type]] = {
     "qwen3_moe": (qwen3_moe, Qwen3MoeForCausalLM),
     "granitemoe": (granitemoe, GraniteMoeForCausalLM),
     "glm4_moe": (glm4_moe, Glm4MoeForCausalLM),
     "minimax_m2": (minimax_m2, MiniMaxM2ForCausalLM),
     "gpt_oss": (gpt_oss, GptOssForCausalLM),
+    "deepseek_v2": (deepseek_v2, DeepseekV2ForCausalLM),
 }
 
 
@@ -118,6 +133,7 @@ def test_checkpoint_has_per_expert_tensors(pair):
         "glm4_moe": "model.layers.1.mlp.experts.7.up_proj.weight",
         "minimax_m2": "model.layers.0.block_sparse_moe.experts.7.w3.weight",
         "gpt_oss": "model.layers.0.mlp.experts.gate_up_proj_bias",
+        "deepseek_v2": "model.layers.1.mlp.experts.7.up_proj.weight",
     }[arch]
     assert expected in tensors
 
@@ -164,6 +180,7 @@ PER_EXPERT_NAME = {
     "qwen3_moe": "model.layers.1.mlp.experts.3.gate_proj.weight",
     "glm4_moe": "model.layers.1.mlp.experts.3.gate_proj.weight",
     "minimax_m2": "model.layers.1.block_sparse_moe.experts.3.w1.weight",
+    "deepseek_v2": "model.layers.1.mlp.experts.3.gate_proj.weight",
 }
 
 
@@ -177,6 +194,32 @@ def test_missing_expert_is_named_by_checkpoint_name(pair):
     assert dropped in str(err.value)
 
 
+def test_mla_caches_the_latent_and_both_decode_paths_agree():
+    """DeepSeek-V2: the cache holds rank + rope values per token (not per-head K/V), and the
+    absorbed-weights decode equals the expanded reference (and transformers)."""
+    config = deepseek_v2(256)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    hf = randomize(transformers.AutoModelForCausalLM.from_config(config))
+    tensors = saved_tensors(hf)
+    a, b = tokens(9, 11), tokens(6, 12)
+    a2, b2 = a + tokens(1, 13), b + tokens(1, 14)
+    results = {}
+    for path in ("absorbed", "expand"):
+        twin = build_twin(DeepseekV2ForCausalLM, config, tensors, "paged")
+        layers = [m for m in twin.model.modules() if isinstance(m, MLAAttention)]
+        assert len(layers) == 2
+        assert layers[0].kv_cache_spec() == KVCacheSpec(1, 1, 32 + 8, torch.float32)
+        assert twin.pool.specs == [layer.kv_cache_spec() for layer in layers]
+        for layer in layers:
+            layer.decode_path = path
+        run_step(twin, [Seq(a, 0, [3, 5, 7]), Seq(b, 0, [8, 2])])
+        results[path] = run_step(twin, [Seq(a2, 9, [3, 5, 7]), Seq(b2, 6, [8, 2])])
+    torch.testing.assert_close(results["absorbed"], results["expand"], atol=1e-5, rtol=1e-5)
+    assert_close(results["absorbed"][:1], hf_logits(hf, a2)[-1:])
+    assert_close(results["absorbed"][1:], hf_logits(hf, b2)[-1:])
+
+
 # --------------------------------------------------------------------------- #
 # The whole engine: batch of prompts, chunked prefill and preemption forced.
 # --------------------------------------------------------------------------- #
@@ -188,7 +231,7 @@ PROMPTS = [
     "def add(a, b):",
     "1 2 3",
 ]
-NEW_TOKENS = 24
+NEW_TOKENS = 16
 
 
 @pytest.fixture(scope="module")
@@ -196,8 +239,13 @@ def tokenizer():
     return train_tiny_tokenizer()
 
 
-@pytest.mark.parametrize("arch", list(ARCHS))
-@pytest.mark.parametrize("backend", list(BACKENDS))
+# Every architecture on the default backend; the reference backend where attention differs
+# (sinks) and on the plain case (MLA attends through its own layer, not the backend).
+ENGINE_CASES = [(arch, "paged") for arch in ARCHS] + [("qwen3_moe", "torch_sdpa"),
+                                                       ("gpt_oss", "torch_sdpa")]
+
+
+@pytest.mark.parametrize(("arch", "backend"), ENGINE_CASES)
 def test_engine_greedy_parity_with_chunking_and_preemption(arch, backend, tokenizer, tmp_path):
     config = ARCHS[arch][0](len(tokenizer))
     config.eos_token_id, config.pad_token_id, config.bos_token_id = (
@@ -208,11 +256,12 @@ def test_engine_greedy_parity_with_chunking_and_preemption(arch, backend, tokeni
     tokenizer.save_pretrained(tmp_path)
     hf.config._attn_implementation = "eager"
     hf.generation_config.eos_token_id = None
-    # Per block of 4 tokens: 2 layers x (K + V) x 2 KV heads x head_dim 16 x 4 bytes.
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    block_bytes = 2 * 2 * 4 * 2 * head_dim * 4
+    # A pool of 16 blocks of 4 tokens, sized from the layers' own cache specs.
+    specs = [layer.kv_cache_spec() for layer in attention_layers(build_twin(
+        ARCHS[arch][1], config, None).model)]
+    block_bytes = KVCachePool.bytes_per_block_for(specs, 4)
     llm = LLM(str(tmp_path), dtype="float32", show_progress=False, block_size=4,
-              max_num_batched_tokens=8, kv_cache_memory=22 * block_bytes,
+              max_num_batched_tokens=8, kv_cache_memory=16 * block_bytes,
               attention_backend=backend, enable_prefix_caching=False)
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS,
                                                 ignore_eos=True))

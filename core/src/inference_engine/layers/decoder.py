@@ -50,6 +50,8 @@ class DecoderOptions:
     qk_norm_scope: str = "head"
     # A learned per-head attention-sink logit (``self_attn.sinks``, gpt-oss).
     attention_sinks: bool = False
+    # Builds layer i's attention (MLA); None or a None result: DecoderAttention.
+    make_attention: Callable[[ModelContext, str, int], nn.Module | None] | None = None
     # Builds layer i's MLP (MoE blocks); None or a None result: the dense GatedMLP.
     make_mlp: Callable[[ModelContext, str, int], nn.Module | None] | None = None
     # The MLP's module name in checkpoints ("mlp"; Mixtral-style "block_sparse_moe").
@@ -147,7 +149,9 @@ class DecoderLayer(nn.Module):
         super().__init__()
         cfg = ctx.hf_config
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ctx.dtype)
-        self.self_attn = DecoderAttention(ctx, f"{prefix}.self_attn", layer_idx, opts)
+        attn = (opts.make_attention(ctx, f"{prefix}.self_attn", layer_idx)
+                if opts.make_attention is not None else None)
+        self.self_attn = attn or DecoderAttention(ctx, f"{prefix}.self_attn", layer_idx, opts)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ctx.dtype)
         self.residual_multiplier = opts.residual_multiplier
         self.mlp_name = opts.mlp_name
@@ -234,12 +238,18 @@ class DecoderForCausalLM(CausalLM):
         """Layer ``layer_idx``'s MLP; None (the default) builds the dense :class:`GatedMLP`."""
         return None
 
+    def make_attention(self, ctx: ModelContext, prefix: str, layer_idx: int) -> nn.Module | None:
+        """Layer ``layer_idx``'s attention, ``forward(hidden, rope, metadata)``; None (the
+        default) builds :class:`DecoderAttention`."""
+        return None
+
     def __init__(self, ctx: ModelContext) -> None:
         super().__init__(ctx)
         cfg = ctx.hf_config
         opts = DecoderOptions.resolve(cfg, self.qk_norm, self.qkv_bias, self.o_bias,
                                       qk_norm_scope=self.qk_norm_scope,
                                       attention_sinks=self.attention_sinks, make_mlp=self.make_mlp,
+                                      make_attention=self.make_attention,
                                       mlp_name=self.mlp_name)
         self.logits_scaling = opts.logits_scaling
         self.model = DecoderModel(ctx, opts)

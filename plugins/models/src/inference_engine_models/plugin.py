@@ -23,4 +23,6 @@ def ie_register_models() -> list[Spec]:
              "MiniMax-M2 (all-head q/k norm, sigmoid routing, partial rotary)"),
         Spec("GptOssForCausalLM", f"{base}.gpt_oss:GptOssForCausalLM",
              "gpt-oss (attention sinks, sliding-window layers, clamped SwiGLU experts)"),
+        Spec("DeepseekV2ForCausalLM", f"{base}.deepseek_v2:DeepseekV2ForCausalLM",
+             "DeepSeek-V2 (multi-head latent attention, softmax-routed MoE)"),
     ]
