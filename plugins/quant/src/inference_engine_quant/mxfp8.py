@@ -40,6 +40,9 @@ __all__ = ["Mxfp8Format", "Mxfp8Method", "mxfp8_linear_reference"]
 # K rows of the (K, N) weight dequantized at once (a multiple of 32).
 _TILE_ELEMENTS = 1 << 20
 
+# E8M0 byte -> float32 scale, shaped for F.embedding.
+_E8M0_LUT = decode_e8m0(torch.arange(256, dtype=torch.uint8)).unsqueeze(1)
+
 
 def mxfp8_linear_reference(x: torch.Tensor, values_kn: torch.Tensor, scales_kn: torch.Tensor,
                            input_size: int, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -53,12 +56,14 @@ def mxfp8_linear_reference(x: torch.Tensor, values_kn: torch.Tensor, scales_kn: 
     kp, n = values_kn.shape
     rows = max(MX_BLOCK_SIZE, _TILE_ELEMENTS // max(n, 1) // MX_BLOCK_SIZE * MX_BLOCK_SIZE)
     out = None
-    for k0 in range(0, input_size, rows):
-        k1 = min(input_size, k0 + rows)
-        b0, b1 = k0 // MX_BLOCK_SIZE, -(-k1 // MX_BLOCK_SIZE)
-        scale = decode_e8m0(scales_kn[b0:b1]).repeat_interleave(MX_BLOCK_SIZE, dim=0)
-        tile = (values_kn[k0:k1].float() * scale[: k1 - k0]).to(x.dtype)
-        part = x[..., k0:k1] @ tile
+    for k0 in range(0, input_size, rows):  # k0 is a multiple of 32: tiles hold whole blocks
+        k1 = min(kp, k0 + rows)
+        k_used = min(input_size, k1) - k0
+        # [blocks, 1, N] scales broadcast over the 32 rows of each block.
+        scale = F.embedding(scales_kn[k0 // MX_BLOCK_SIZE: k1 // MX_BLOCK_SIZE].int(),
+                            _E8M0_LUT.to(values_kn.device)).view(-1, 1, n)
+        tile = values_kn[k0:k1].float().view(-1, MX_BLOCK_SIZE, n).mul_(scale).view(-1, n)
+        part = x[..., k0:k0 + k_used] @ tile[:k_used].to(x.dtype)
         out = part if out is None else out + part
     if bias is not None:
         out = out + bias.to(out.dtype)
