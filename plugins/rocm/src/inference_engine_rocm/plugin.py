@@ -16,7 +16,8 @@ def ie_register_platforms() -> list[Spec]:
 @hookimpl
 def ie_kernel_tuning_config(op_name: str, platform: Any, shape: dict[str, int]) -> dict | None:
     """Answer from the shipped gfx942/gfx950 tables; None for other archs and ops."""
-    arch = platform.arch_name()
+    arch_name = getattr(platform, "arch_name", None)  # callers may pass no platform
+    arch = arch_name() if callable(arch_name) else ""
     if not arch.startswith("gfx"):
         return None
     from inference_engine_rocm.tuning import tuned_config
