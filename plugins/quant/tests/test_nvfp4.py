@@ -197,3 +197,10 @@ def test_missing_global_scale_and_bad_dtype_name_the_tensor(w4a16, tmp_path):
 def test_forcing_nvfp4_on_another_quantized_checkpoint_is_refused():
     with pytest.raises(ValueError, match="already quantized with 'mxfp4'"):
         Nvfp4Method({"quant_method": "mxfp4"})
+
+
+def test_forcing_nvfp4_on_a_modelopt_checkpoint_of_another_algo_is_refused():
+    with pytest.raises(ValueError, match="cannot run a ModelOpt FP8 checkpoint"):
+        Nvfp4Method({"quant_method": "modelopt", "quant_algo": "FP8"})
+    method = Nvfp4Method({"quant_method": "modelopt", "quantization": {"quant_algo": "NVFP4"}})
+    assert method.format_for("model.layers.0.mlp.down_proj", [64]).name == "nvfp4"

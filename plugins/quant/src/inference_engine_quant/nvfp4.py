@@ -159,8 +159,12 @@ class Nvfp4Method(PerLayerFormatMethod):
         method = self.checkpoint_config.get("quant_method")
         self._delegate = None
         if method == "modelopt":
-            from inference_engine_quant.modelopt import ModelOptMethod
+            from inference_engine_quant.modelopt import ModelOptMethod, modelopt_settings
 
+            algo = str(modelopt_settings(self.checkpoint_config).get("quant_algo", "")).upper()
+            if algo != "NVFP4":
+                raise ValueError(f"--quantization nvfp4 cannot run a ModelOpt {algo} checkpoint; "
+                                 f"drop the flag to use the checkpoint's own method")
             self._delegate = ModelOptMethod(checkpoint_config, **options)
         elif method is not None:
             raise ValueError(f"--quantization nvfp4 cannot run a checkpoint already quantized with "
