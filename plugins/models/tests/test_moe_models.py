@@ -141,7 +141,12 @@ def test_checkpoint_has_per_expert_tensors(pair):
 def test_single_prefill_matches_transformers(pair):
     arch, config, hf, tensors = pair
     ids = tokens(13, 1)
-    logits = run_step(ours(arch, config, tensors), [Seq(ids, 0, [5, 2, 7, 0])])
+    twin = ours(arch, config, None)
+    assert twin.model.load_weights(tensors.items()) == set(tensors)  # by checkpoint name
+    for module in twin.model.modules():
+        if getattr(module, "quant_method", None) is not None:
+            module.quant_method.process_weights_after_loading(module)
+    logits = run_step(twin, [Seq(ids, 0, [5, 2, 7, 0])])
     assert logits.shape == (13, config.vocab_size)
     assert_close(logits, hf_logits(hf, ids))
 

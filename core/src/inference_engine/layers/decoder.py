@@ -275,13 +275,18 @@ class DecoderForCausalLM(CausalLM):
                 missing tensors by checkpoint name.
         """
         tied = self.lm_head.is_tied
+        original: dict[str, str] = {}  # renamed -> checkpoint name, to report what was consumed
         if self.checkpoint_renames:
-            weights = ((self._rename(name), tensor) for name, tensor in weights)
-        return load_checkpoint_weights(
+            weights = ((self._rename(name, original), tensor) for name, tensor in weights)
+        consumed = load_checkpoint_weights(
             self, weights, ignore=(lambda name: name == "lm_head.weight") if tied else None
         )
+        return {original.get(name, name) for name in consumed}
 
-    def _rename(self, name: str) -> str:
+    def _rename(self, name: str, original: dict[str, str]) -> str:
+        renamed = name
         for old, new in self.checkpoint_renames:
-            name = name.replace(old, new)
-        return name
+            renamed = renamed.replace(old, new)
+        if renamed != name:
+            original[renamed] = name
+        return renamed
