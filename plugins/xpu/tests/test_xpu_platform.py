@@ -53,3 +53,14 @@ def test_real_machine_has_no_xpu():
     assert TorchXpuDeviceInfo().device_count() == 0
     assert not XpuPlatform.is_present()
     assert "torch.xpu.is_available() is False" in XpuPlatform.absence_reason()
+
+
+def test_dtypes_follow_reported_features():
+    from inference_engine.device_info import DeviceProperties
+
+    no_bf16 = DeviceProperties("Old iGPU", 4 << 30, features=frozenset({"fp16"}))
+    unknown = DeviceProperties("Unknown", 4 << 30)
+    with simulate_devices({"xpu": [no_bf16, unknown]}):
+        assert select_platform(device_ids=[0]).supported_dtypes() == [torch.float16,
+                                                                      torch.float32]
+        assert select_platform(device_ids=[1]).supported_dtypes()[0] == torch.bfloat16

@@ -80,10 +80,12 @@ class XpuPlatform(Platform):
 
     def supported_dtypes(self) -> list[torch.dtype]:
         features = self.properties().features
+        if not features:  # a torch that reports no capability flags: assume the usual set
+            return [torch.bfloat16, torch.float16, torch.float32]
         dtypes = []
         if "bf16" in features or "xmx" in features:
             dtypes.append(torch.bfloat16)
-        if "fp16" in features or not features:
+        if "fp16" in features:
             dtypes.append(torch.float16)
         dtypes.append(torch.float32)
         return dtypes
