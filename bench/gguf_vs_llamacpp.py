@@ -38,7 +38,6 @@ import numpy as np
 import torch
 import transformers
 from gguf.constants import GGMLQuantizationType as T
-
 from inference_engine import LLM, SamplingParams
 from inference_engine.testing import SAMPLE_TEXT, train_tiny_tokenizer
 from inference_engine_gguf.export import export_to_gguf
@@ -67,6 +66,29 @@ def build_model(layers: int) -> transformers.PreTrainedModel:
 
 def q4_k_m(name: str, shape: tuple[int, ...]) -> T:
     return T.Q6_K if any(k in name for k in ("v_proj", "down_proj", "lm_head")) else T.Q4_K
+
+
+def with_file_weights(hf: transformers.PreTrainedModel, path: str) -> transformers.PreTrainedModel:
+    """A copy of ``hf`` holding the values ``path`` stores (gguf's numpy dequantization),
+    found through gguf's own HF->GGML name map (no code of ours involved)."""
+    import copy
+
+    import gguf
+    from gguf import GGUFReader, quants
+
+    reader = GGUFReader(path)
+    tensors = {t.name: t for t in reader.tensors}
+    name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, hf.config.num_hidden_layers)
+    model = copy.deepcopy(hf)
+    state = model.state_dict()
+    for name in state:
+        ggml = name_map.get_name(name, try_suffixes=(".weight", ".bias"))
+        t = tensors[ggml]
+        values = quants.dequantize(np.asarray(t.data), t.tensor_type)
+        state[name] = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(
+            state[name].shape)
+    model.load_state_dict(state)
+    return model
 
 
 def find_llamacpp_python(requested: str | None) -> str | None:
@@ -168,6 +190,16 @@ def main() -> None:
             export_to_gguf(hf, tokenizer, q4, q4_k_m, extra_control_tokens=VOCAB - len(tokenizer))
             results["Q4_K_M file made by"] = "inference_engine_gguf.export (simple quantizer)"
         text = tokenizer.encode(" ".join(SAMPLE_TEXT))[:64]
+        # The Q4_K_M file's own values, as float32: transformers on them is the exact reference
+        # for our Q4_K_M run, and llama.cpp on an F32 file of them separates its quantized
+        # dot products (activations rounded to Q8_K) from the weights' quantization.
+        hf_q4 = with_file_weights(hf, q4)
+        with torch.no_grad():
+            hf_q4_logprobs = log_softmax(hf_q4(torch.tensor([text])).logits[0].numpy())
+        q4_as_f32 = os.path.join(work, "model-q4_k_m-as-f32.gguf")
+        export_to_gguf(hf_q4, tokenizer, q4_as_f32, T.F32,
+                       extra_control_tokens=VOCAB - len(tokenizer))
+        del hf_q4
         rng = torch.Generator().manual_seed(0)
         prompts = [torch.randint(0, len(tokenizer), (16,), generator=rng).tolist()
                    for _ in range(args.concurrency)]
@@ -177,6 +209,8 @@ def main() -> None:
             llm = LLM(path, dtype=args.dtype, show_progress=False, enable_prefix_caching=False)
             ours = our_logprobs(llm, text)
             if label == "Q4_K_M":
+                results["Q4_K_M max |logprob ours - transformers on its values|"] = float(
+                    np.abs(ours - hf_q4_logprobs).max())
                 results["ours Q4_K_M weight bytes / bf16"] = round(
                     model_weight_bytes(llm.engine.model) / bf16_bytes, 3)
                 results["ours batch-1 decode tok/s (Q4_K_M)"] = median(
@@ -198,6 +232,13 @@ def main() -> None:
             results[f"{label} top-1 agreement"] = top1
             print(f"{label}: max abs log-prob diff {diff:.3e}, top-1 agreement {top1:.3f}",
                   flush=True)
+            if label == "Q4_K_M":
+                npy = os.path.join(work, "logits-q4-as-f32.npy")
+                run_llamacpp(python, {"op": "logits", "model": q4_as_f32, "tokens": text,
+                                      "out_npy": npy}, work)
+                ref = log_softmax(np.load(npy))
+                results["Q4_K_M values as F32: max |logprob ours(Q4_K_M) - llama.cpp|"] = float(
+                    np.abs(ours - ref).max())
         if python is not None:
             rate = median(lambda: run_llamacpp(
                 python, {"op": "decode", "model": q4, "prompt": prompts[0],

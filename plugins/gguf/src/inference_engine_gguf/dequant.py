@@ -47,19 +47,40 @@ def _shifted(q: torch.Tensor, shifts: list[int], shape: tuple[int, ...]) -> torc
     return q >> _const(f"shift{shifts}{shape}", shifts, torch.uint8, shape, q.device)
 
 
+def _fields(q: torch.Tensor, shifts: list[int], mask: int) -> torch.Tensor:
+    """Bit fields of every byte: uint8 ``[n, G, L]`` -> ``[n, G, len(shifts), L]``,
+    field ``i`` of byte ``l`` being ``(q[..., l] >> shifts[i]) & mask``.
+
+    Works four bytes at a time on int32 words (``L`` must be a multiple of 4): the
+    repeated byte mask keeps each byte's field and drops what a shift carried in
+    from its neighbour (or the sign), so the result is the same as per byte.
+    """
+    n, groups, length = q.shape
+    words = q.contiguous().view(torch.int32)  # [n, G, L / 4]
+    out = torch.empty(n, groups, len(shifts), length // 4, dtype=torch.int32, device=q.device)
+    word_mask = mask * 0x01010101
+    for i, shift in enumerate(shifts):
+        torch.bitwise_and(words >> shift if shift else words, word_mask, out=out[:, :, i])
+    return out.view(torch.uint8).view(n, groups, len(shifts), length)
+
+
+_NIBBLES = [0, 4]
+_CRUMBS = [0, 2, 4, 6]
+_BITS = list(range(8))
+
+
 def _q4_0(b: torch.Tensor) -> torch.Tensor:
     n = b.shape[0]
     d = _f16(b[:, :2])
-    qs = _shifted(b[:, 2:].reshape(n, -1, 1, 16), [0, 4], (1, 1, 2, 1))
-    q = ((qs & 0x0F).reshape(n, -1).to(torch.int8) - 8).float()
+    qs = _fields(b[:, 2:].reshape(n, 1, 16), _NIBBLES, 0x0F)
+    q = (qs.reshape(n, -1).view(torch.int8) - 8).float()
     return q.mul_(d)
 
 
 def _q4_1(b: torch.Tensor) -> torch.Tensor:
     n = b.shape[0]
     d, m = _f16(b[:, :2]), _f16(b[:, 2:4])
-    qs = _shifted(b[:, 4:].reshape(n, -1, 1, 16), [0, 4], (1, 1, 2, 1))
-    q = (qs & 0x0F).reshape(n, -1).float()
+    q = _fields(b[:, 4:].reshape(n, 1, 16), _NIBBLES, 0x0F).reshape(n, -1).float()
     return q.mul_(d).add_(m)
 
 
@@ -73,8 +94,8 @@ def _q5_0(b: torch.Tensor) -> torch.Tensor:
     n = b.shape[0]
     d = _f16(b[:, :2])
     qh = _bits32(b[:, 2:6])
-    ql = (_shifted(b[:, 6:].reshape(n, -1, 1, 16), [0, 4], (1, 1, 2, 1)) & 0x0F).reshape(n, -1)
-    q = ((ql | (qh << 4)).to(torch.int8) - 16).float()
+    ql = _fields(b[:, 6:].reshape(n, 1, 16), _NIBBLES, 0x0F).reshape(n, -1)
+    q = ((ql | (qh << 4)).view(torch.int8) - 16).float()
     return q.mul_(d)
 
 
@@ -82,14 +103,14 @@ def _q5_1(b: torch.Tensor) -> torch.Tensor:
     n = b.shape[0]
     d, m = _f16(b[:, :2]), _f16(b[:, 2:4])
     qh = _bits32(b[:, 4:8])
-    ql = (_shifted(b[:, 8:].reshape(n, -1, 1, 16), [0, 4], (1, 1, 2, 1)) & 0x0F).reshape(n, -1)
+    ql = _fields(b[:, 8:].reshape(n, 1, 16), _NIBBLES, 0x0F).reshape(n, -1)
     q = (ql | (qh << 4)).float()
     return q.mul_(d).add_(m)
 
 
 def _q8_0(b: torch.Tensor) -> torch.Tensor:
     d = _f16(b[:, :2])
-    x = b[:, 2:].contiguous().view(torch.int8).float()
+    x = b[:, 2:].view(torch.int8).float()
     return x.mul_(d)
 
 
@@ -100,7 +121,7 @@ def _q2_k(b: torch.Tensor) -> torch.Tensor:
     dmin = _f16(b[:, -2:])
     dl = (d * (scales & 0x0F).float()).reshape(n, QK_K // 16, 1)
     ml = (dmin * (scales >> 4).float()).reshape(n, QK_K // 16, 1)
-    q = _shifted(qs.reshape(n, -1, 1, 32), [0, 2, 4, 6], (1, 1, 4, 1)) & 3
+    q = _fields(qs.reshape(n, 2, 32), _CRUMBS, 0x03)
     q = q.reshape(n, QK_K // 16, 16).float()
     return q.mul_(dl).sub_(ml).reshape(n, -1)
 
@@ -116,10 +137,9 @@ def _q3_k(b: torch.Tensor) -> torch.Tensor:
     sc = (lscales & 0x0F) | ((hscales & 0x03) << 4)
     sc = (sc.to(torch.int8) - 32).float()
     dl = (d * sc).reshape(n, 16, 1)
-    ql = _shifted(qs.reshape(n, -1, 1, 32), [0, 2, 4, 6], (1, 1, 4, 1))
-    qh = _shifted(hmask.reshape(n, -1, 1, 32), list(range(8)), (1, 1, 8, 1))
-    ql = ql.reshape(n, 16, QK_K // 16) & 3
-    qh = (qh.reshape(n, 16, QK_K // 16) & 1) ^ 1  # the offset is zero when the mask bit is 1
+    ql = _fields(qs.reshape(n, 2, 32), _CRUMBS, 0x03).reshape(n, 16, QK_K // 16)
+    qh = _fields(hmask.reshape(n, 1, 32), _BITS, 0x01).reshape(n, 16, QK_K // 16)
+    qh = qh ^ 1  # the offset is zero when the mask bit is 1
     q = (ql.to(torch.int8) - (qh << 2).to(torch.int8)).float()
     return q.mul_(dl).reshape(n, QK_K)
 
@@ -140,8 +160,7 @@ def _q4_k(b: torch.Tensor) -> torch.Tensor:
     sc, mn = _scale_min_k4(b[:, 4:16])
     dd = (d * sc.float()).reshape(n, -1, 1)
     dm = (dmin * mn.float()).reshape(n, -1, 1)
-    q = _shifted(b[:, 16:].reshape(n, -1, 1, 32), [0, 4], (1, 1, 2, 1))
-    q = (q & 0x0F).reshape(n, -1, 32).float()
+    q = _fields(b[:, 16:].reshape(n, 4, 32), _NIBBLES, 0x0F).reshape(n, -1, 32).float()
     return q.mul_(dd).sub_(dm).reshape(n, QK_K)
 
 
@@ -152,10 +171,8 @@ def _q5_k(b: torch.Tensor) -> torch.Tensor:
     qh, qs = b[:, 16 : 16 + QK_K // 8], b[:, 16 + QK_K // 8 :]
     dd = (d * sc.float()).reshape(n, -1, 1)
     dm = (dmin * mn.float()).reshape(n, -1, 1)
-    ql = _shifted(qs.reshape(n, -1, 1, 32), [0, 4], (1, 1, 2, 1))
-    qh = _shifted(qh.reshape(n, -1, 1, 32), list(range(8)), (1, 1, 8, 1))
-    ql = (ql & 0x0F).reshape(n, -1, 32)
-    qh = (qh & 0x01).reshape(n, -1, 32)
+    ql = _fields(qs.reshape(n, 4, 32), _NIBBLES, 0x0F).reshape(n, -1, 32)
+    qh = _fields(qh.reshape(n, 1, 32), _BITS, 0x01).reshape(n, -1, 32)
     q = (ql | (qh << 4)).float()
     return q.mul_(dd).sub_(dm).reshape(n, QK_K)
 
@@ -167,11 +184,9 @@ def _q6_k(b: torch.Tensor) -> torch.Tensor:
     scales = b[:, QK_K // 2 + QK_K // 4 : -2].contiguous().view(torch.int8).float()
     d = _f16(b[:, -2:])
     dd = (d * scales).reshape(n, QK_K // 16, 1)
-    ql = _shifted(ql.reshape(n, -1, 1, 64), [0, 4], (1, 1, 2, 1))
-    ql = (ql & 0x0F).reshape(n, -1, 32)
-    qh = _shifted(qh.reshape(n, -1, 1, 32), [0, 2, 4, 6], (1, 1, 4, 1))
-    qh = (qh & 0x03).reshape(n, -1, 32)
-    q = (ql | (qh << 4)).to(torch.int8) - 32
+    ql = _fields(ql.reshape(n, 2, 64), _NIBBLES, 0x0F).reshape(n, -1, 32)
+    qh = _fields(qh.reshape(n, 2, 32), _CRUMBS, 0x03).reshape(n, -1, 32)
+    q = (ql | (qh << 4)).view(torch.int8) - 32
     q = q.reshape(n, QK_K // 16, -1).float()
     return q.mul_(dd).reshape(n, QK_K)
 
