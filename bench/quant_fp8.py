@@ -10,6 +10,7 @@ KL(bf16 || method) of next-token distributions over 2,000 positions
 tokens, and batch-1 decode).
 
 Run:  OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/quant_fp8.py [--layers 8]
+      [--init-std 0.08 --skip-throughput]   (decisive predictions: agreement only)
 """
 
 from __future__ import annotations
@@ -28,15 +29,22 @@ from inference_engine_quant.quantize_cli import quantize_checkpoint
 from inference_engine_quant.quantize_memory import weight_memory_report
 
 
-def build_model(path: Path, layers: int) -> None:
+def build_model(path: Path, layers: int, init_std: float | None = None) -> None:
     config = transformers.Qwen3Config(
         vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidden_layers=layers,
         num_attention_heads=8, num_key_value_heads=4, head_dim=64, max_position_embeddings=2048,
         tie_word_embeddings=False, eos_token_id=8191, bos_token_id=None, pad_token_id=0,
     )
     torch.manual_seed(0)
-    model = transformers.Qwen3ForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(path)
+    model = transformers.Qwen3ForCausalLM(config)
+    if init_std is not None:
+        # transformers' default init (std 0.02) gives nearly flat next-token distributions,
+        # where top-1 agreement is mostly noise; a wider spread gives decisive predictions.
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() == 2:
+                    p.normal_(0.0, init_std)
+    model.to(torch.bfloat16).save_pretrained(path)
     word_level_tokenizer(8192).save_pretrained(path)
 
 
@@ -64,13 +72,17 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--sequences", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--init-std", type=float, default=None,
+                        help="re-initialise 2-D weights N(0, std) (default: transformers' init)")
+    parser.add_argument("--skip-throughput", action="store_true",
+                        help="only weight bytes, agreement and KL")
     args = parser.parse_args()
     rng = torch.Generator().manual_seed(1)
     texts = [torch.randint(0, 8191, (125,), generator=rng).tolist() for _ in range(args.sequences)]
     prompts = [torch.randint(0, 8191, (64,), generator=rng).tolist() for _ in range(16)]
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "bf16"
-        build_model(base, args.layers)
+        build_model(base, args.layers, args.init_std)
         block = Path(tmp) / "fp8-block"
         quantize_checkpoint(base, block, "fp8-block", show_progress=False)
         runs = [
@@ -90,15 +102,17 @@ def main() -> None:
                 ref_logits = logits
             agree, kl = distribution_stats(ref_logits, logits)
             report = weight_memory_report(loaded.model)
-            del loaded
-            llm = LLM(str(path), quantization=method, dtype="bfloat16", show_progress=False,
-                      dequantize_at_load=deq, kv_cache_memory=256 << 20)
-            throughput(llm, prompts[:2], 4)  # warm-up
-            batched = throughput(llm, prompts, args.new_tokens)
-            single = throughput(llm, prompts[:1], args.new_tokens)
-            kernel = next((m.fp8_kernel for m in llm.engine.model.modules()
+            kernel = next((m.fp8_kernel for m in loaded.model.modules()
                            if hasattr(m, "fp8_kernel")), "dense")
-            del llm
+            del loaded
+            batched = single = float("nan")
+            if not args.skip_throughput:
+                llm = LLM(str(path), quantization=method, dtype="bfloat16", show_progress=False,
+                          dequantize_at_load=deq, kv_cache_memory=256 << 20)
+                throughput(llm, prompts[:2], 4)  # warm-up
+                batched = throughput(llm, prompts, args.new_tokens)
+                single = throughput(llm, prompts[:1], args.new_tokens)
+                del llm
             rows.append((name, report.linear_bytes, report.linear_ratio_vs_bf16, agree, kl,
                          batched, single, kernel))
             print(f"{name}: linear {report.linear_bytes / 2**20:.1f} MiB "
