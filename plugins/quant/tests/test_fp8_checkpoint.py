@@ -17,6 +17,9 @@ HF/vLLM ``[N, K]`` layout. Two references:
   expect (6-9% measured), so LOOSE_REL is 0.15. Greedy tokens
   must agree except where transformers' own top-2 gap is within twice the
   measured logit difference (the near-tie rule).
+* plain: the unquantized model. Weight rounding adds a second, independent
+  error of the same size per element, so about sqrt(2) times the loose
+  figure is expected (8-13% measured); PLAIN_REL is 0.25.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ FP8 = torch.float8_e4m3fn
 ATOL_NOISE = 1e-5
 ATOL_FLIP = 0.1
 LOOSE_REL = 0.15
+PLAIN_REL = 0.25
 PROMPT = [5, 17, 42, 99, 3, 250, 77, 8, 140, 61, 33, 200, 11]
 
 
@@ -229,6 +233,9 @@ def test_per_tensor_dynamic_matches_references(request, tmp_path, base_name):
     diff = (ours - loose).abs().max().item()
     rel = ((ours - loose).norm() / loose.norm()).item()
     assert rel < LOOSE_REL
+    plain = hf_logits(hf_model(base, load_file(str(base / "model.safetensors"))), PROMPT)
+    rel_plain = ((ours - plain).norm() / plain.norm()).item()
+    assert rel_plain < PLAIN_REL
     assert_greedy_near_tie(ours, loose, 2 * diff)
 
 
@@ -261,6 +268,9 @@ def test_block_128_matches_references(request, tmp_path, base_name):
     diff = (ours - loose).abs().max().item()
     rel = ((ours - loose).norm() / loose.norm()).item()
     assert rel < LOOSE_REL
+    plain = hf_logits(hf_model(base, load_file(str(base / "model.safetensors"))), PROMPT)
+    rel_plain = ((ours - plain).norm() / plain.norm()).item()
+    assert rel_plain < PLAIN_REL
     assert_greedy_near_tie(ours, loose, 2 * diff)
 
 

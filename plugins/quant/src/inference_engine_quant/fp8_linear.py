@@ -163,6 +163,7 @@ def finalize_fp8_layer(
     layer.fp8_kernel = kernel
     layer.fp8_dtype = fp8_dtype or torch.float8_e4m3fn
     layer.fp8_compute_dtype = compute_dtype
+    layer.fp8_platform = platform
     logger.debug("%s: FP8 %s blocks %s via %s", getattr(layer, "prefix", "?"),
                  tuple(weight_kn.shape), block_kn, kernel)
 
@@ -270,7 +271,8 @@ def _tuning(layer: nn.Module, m: int, n: int, k: int, default: dict[str, Any]) -
         from inference_engine.kernel_tuning import tuning_config
     except ImportError:  # older core without the tuning helper
         return dict(default)
-    return tuning_config(op, {"M": bucket, "N": n, "K": k}, default)
+    return tuning_config(op, {"M": bucket, "N": n, "K": k}, default,
+                         platform=getattr(layer, "fp8_platform", None))
 
 
 def fp8_layer_memory_bytes(layer: nn.Module) -> int:
