@@ -84,9 +84,8 @@ def with_file_weights(hf: transformers.PreTrainedModel, path: str) -> transforme
     for name in state:
         ggml = name_map.get_name(name, try_suffixes=(".weight", ".bias"))
         t = tensors[ggml]
-        values = quants.dequantize(np.asarray(t.data), t.tensor_type)
-        state[name] = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(
-            state[name].shape)
+        values = np.array(quants.dequantize(np.asarray(t.data), t.tensor_type), np.float32)
+        state[name] = torch.from_numpy(values).reshape(state[name].shape)
     model.load_state_dict(state)
     return model
 
@@ -116,7 +115,7 @@ def run_llamacpp(python: str, job: dict, workdir: str) -> dict:
 
 
 def our_logprobs(llm: LLM, tokens: list[int]) -> np.ndarray:
-    """``[n - 1, vocab]`` log-softmax at positions 0..n-2 (predicting tokens 1..n-1) and the last."""
+    """``[n, vocab]`` log-softmax at every position (prompt logprobs, then the last position's)."""
     params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=VOCAB, logprobs=VOCAB)
     out = llm.generate({"prompt_token_ids": tokens}, params, use_tqdm=False)[0]
     rows = [out.prompt_logprobs[i] for i in range(1, len(tokens))] + [out.outputs[0].logprobs[0]]
@@ -196,6 +195,7 @@ def main() -> None:
         hf_q4 = with_file_weights(hf, q4)
         with torch.no_grad():
             hf_q4_logprobs = log_softmax(hf_q4(torch.tensor([text])).logits[0].numpy())
+            hf_logprobs = log_softmax(hf(torch.tensor([text])).logits[0].numpy())
         q4_as_f32 = os.path.join(work, "model-q4_k_m-as-f32.gguf")
         export_to_gguf(hf_q4, tokenizer, q4_as_f32, T.F32,
                        extra_control_tokens=VOCAB - len(tokenizer))
@@ -208,6 +208,9 @@ def main() -> None:
         for label, path in (("F32", f32), ("Q4_K_M", q4)):
             llm = LLM(path, dtype=args.dtype, show_progress=False, enable_prefix_caching=False)
             ours = our_logprobs(llm, text)
+            if label == "F32":
+                results["F32 max |logprob ours - transformers|"] = float(
+                    np.abs(ours - hf_logprobs).max())
             if label == "Q4_K_M":
                 results["Q4_K_M max |logprob ours - transformers on its values|"] = float(
                     np.abs(ours - hf_q4_logprobs).max())
@@ -225,8 +228,13 @@ def main() -> None:
             npy = os.path.join(work, f"logits-{label}.npy")
             run_llamacpp(python, {"op": "logits", "model": path, "tokens": text, "out_npy": npy},
                          work)
-            ref = log_softmax(np.load(npy))
+            raw_logits = np.load(npy)
+            ref = log_softmax(raw_logits)
             diff = np.abs(ours - ref).max()
+            if label == "F32":
+                results["F32 max |logprob llama.cpp - transformers|"] = float(
+                    np.abs(ref - hf_logprobs).max())
+                results["F32 max |logit| (llama.cpp)"] = float(np.abs(raw_logits).max())
             top1 = float((ours.argmax(-1) == ref.argmax(-1)).mean())
             results[f"{label} max |logprob ours - llama.cpp|"] = float(diff)
             results[f"{label} top-1 agreement"] = top1
