@@ -34,10 +34,16 @@ class ExpertActivation:
 SILU = ExpertActivation("silu")
 
 
-def gated_activation(h: torch.Tensor, act: ExpertActivation) -> torch.Tensor:
-    """``h [n, 2I]`` (gate | up) -> ``[n, I]``."""
+def gated_activation(h: torch.Tensor, act: ExpertActivation,
+                     inplace: bool = False) -> torch.Tensor:
+    """``h [n, 2I]`` (gate | up) -> ``[n, I]``.
+
+    ``inplace`` lets SiLU reuse ``h``'s gate half (the result is then a strided view of ``h``).
+    """
     gate, up = h.chunk(2, dim=-1)
     if act.name == "silu":
+        if inplace:
+            return F.silu(gate, inplace=True).mul_(up)
         return F.silu(gate) * up
     gate = gate.clamp(max=act.limit)
     up = up.clamp(min=-act.limit, max=act.limit)

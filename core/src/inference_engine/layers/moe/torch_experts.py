@@ -38,8 +38,11 @@ def fused_moe_torch(
         end = start + n
         h = F.linear(xs[start:end], gate_up[e],
                      None if gate_up_bias is None else gate_up_bias[e])
-        ys[start:end] = F.linear(gated_activation(h, activation), down[e],
-                                 None if down_bias is None else down_bias[e])
+        act = gated_activation(h, activation, inplace=True)
+        # Straight into this expert's rows of ys (no temporary + copy).
+        torch.matmul(act, down[e].T, out=ys[start:end])
+        if down_bias is not None:
+            ys[start:end] += down_bias[e]
         start = end
     ys.mul_(weights.reshape(-1)[dispatch.order].to(x.dtype).unsqueeze(1))
     out = torch.zeros(t, down.shape[1], dtype=x.dtype, device=x.device)
