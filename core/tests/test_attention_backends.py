@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from inference_engine.builtin.attention import paged
+from inference_engine.builtin.attention.cpu_decode_kernel import decode_kernel
 from inference_engine.builtin.attention.paged import PagedAttentionBackend
 from inference_engine.builtin.attention.torch_sdpa import TorchSDPABackend
 from inference_engine.interfaces.attention import AttentionMetadata
@@ -100,17 +101,36 @@ def check_batch(backend, shapes, num_decodes, sliding_window=None, seed=0):
     return md
 
 
-@pytest.mark.parametrize("backend_cls", [TorchSDPABackend, PagedAttentionBackend])
+@pytest.fixture
+def torch_decode_path(monkeypatch):
+    """Make the paged backend use its gather + SDPA decode path, not the CPU kernel."""
+    monkeypatch.setattr(paged, "paged_decode_attention", lambda *args: None)
+
+
+@pytest.mark.parametrize("backend_cls", [TorchSDPABackend, PagedAttentionBackend, "paged-torch"])
 @pytest.mark.parametrize("sliding_window", [None, 3])
-def test_mixed_batch_matches_reference(backend_cls, sliding_window):
+def test_mixed_batch_matches_reference(backend_cls, sliding_window, request):
     # (cached context, new tokens): two decodes, a fresh prefill, a chunk after cached context.
     shapes = [(6, 1), (1, 1), (0, 7), (5, 4)]
+    if backend_cls == "paged-torch":
+        request.getfixturevalue("torch_decode_path")
+        backend_cls = PagedAttentionBackend
     backend = backend_cls(HEADS, DIM, KV_HEADS, 1 / math.sqrt(DIM), sliding_window)
     check_batch(backend, shapes, 2, sliding_window)
 
 
+@pytest.mark.parametrize("sliding_window", [None, 7])
+def test_cpu_decode_kernel_matches_reference(sliding_window):
+    """The C++ kernel reads blocks in place from the strided pool, long and short contexts."""
+    assert decode_kernel() is not None, "the CPU decode kernel failed to build (see the log)"
+    shapes = [(c, 1) for c in (0, 3, 40, 17, 64, 9, 1, 33)]
+    backend = PagedAttentionBackend(HEADS, DIM, KV_HEADS, 1 / math.sqrt(DIM), sliding_window)
+    check_batch(backend, shapes, len(shapes), sliding_window, seed=5)
+
+
 @pytest.mark.parametrize("sliding_window", [None, 5])
-def test_decodes_grouped_by_length_match_reference(monkeypatch, sliding_window):
+def test_decodes_grouped_by_length_match_reference(monkeypatch, torch_decode_path,
+                                                   sliding_window):
     """Decodes of very different lengths split into several groups, plus a prefill after them."""
     monkeypatch.setattr(paged, "GROUP_SPLIT_MIN_SAVING", 0)
     shapes = [(3, 1), (40, 1), (0, 1), (17, 1), (41, 1), (9, 1), (25, 1), (0, 6)]

@@ -66,6 +66,9 @@ class ModelRunner:
         self.pool = KVCachePool(self.kv_cache_specs(), self.block_size, num_blocks, self.device)
         for i, layer in enumerate(self.layers):
             layer.kv_cache = self.pool.layer_views(i)
+            backend = getattr(layer, "backend", None)
+            if backend is not None:
+                backend.prepare(self.device, self.pool.specs[i].dtype)
         return self.pool
 
     def _prepare(self, out: SchedulerOutput, block_lists: list[list[int]]) -> tuple[

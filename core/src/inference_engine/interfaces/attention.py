@@ -99,6 +99,12 @@ class AttentionBackend(ABC):
         self.scale = scale
         self.sliding_window = sliding_window
 
+    def prepare(self, device: torch.device, kv_dtype: torch.dtype) -> None:  # noqa: B027
+        """Called once at start-up with the cache's device and dtype.
+
+        Build or load kernels here, so the first request does not pay for it.
+        """
+
     @abstractmethod
     def forward(
         self,

@@ -23,6 +23,10 @@ from inference_engine.builtin.attention.common import (
     sdpa,
     write_kv,
 )
+from inference_engine.builtin.attention.cpu_decode_kernel import (
+    decode_kernel,
+    paged_decode_attention,
+)
 from inference_engine.interfaces.attention import AttentionBackend, AttentionMetadata
 
 __all__ = ["DecodeGroup", "PagedAttentionBackend", "plan_decode_groups"]
@@ -110,6 +114,10 @@ class PagedAttentionBackend(AttentionBackend):
                 out[start:end] = attend_sequence(q, k, v, self.scale, mask, self.sinks)
         return out.view(query.shape[0], self.num_heads * self.head_dim)
 
+    def prepare(self, device: torch.device, kv_dtype: torch.dtype) -> None:
+        if device.type == "cpu" and kv_dtype == torch.float32 and self.sinks is None:
+            decode_kernel()  # built once per process (and cached on disk by torch)
+
     def _decode_groups(self, metadata: AttentionMetadata, n: int) -> list[DecodeGroup]:
         """This step's decode groups, planned on the first layer and reused."""
         groups = metadata.backend_cache.get("paged_decode_groups")
@@ -143,7 +151,14 @@ class PagedAttentionBackend(AttentionBackend):
         gqa: bool,
     ) -> torch.Tensor:
         """``[num_decodes, heads, head_dim]`` for one query per sequence."""
-        groups = self._decode_groups(metadata, query.shape[0])
+        n = query.shape[0]
+        if self.sinks is None:
+            # CPU float32: read the blocks in place (no gather, no padding).
+            out = paged_decode_attention(query, k_cache, v_cache, metadata.block_tables[:n],
+                                         metadata.seq_lens[:n], self.scale, self.sliding_window)
+            if out is not None:
+                return out
+        groups = self._decode_groups(metadata, n)
         if len(groups) == 1:
             return self._decode_group(query, k_cache, v_cache, groups[0], gqa)
         out = torch.empty_like(query)
