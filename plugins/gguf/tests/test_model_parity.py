@@ -49,7 +49,10 @@ CASES = {
     "qwen3-mixed": ("qwen3", MIX_A, {}),
     "qwen3-Q4_K-tied": ("qwen3", T.Q4_K, {"tie_word_embeddings": True}),
     "llama-Q4_K_M": ("llama", q4_k_m, {}),
-    "llama-mixed": ("llama", MIX_B, {}),
+    "llama-mixed": ("llama", MIX_B, {"rope_theta": 50000.0}),
+    "llama-rope-llama3": ("llama", T.Q8_0, {"rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
     "qwen2-Q8_0": ("qwen2", T.Q8_0, {}),
     "qwen3moe-Q4_K_M": ("qwen3_moe", q4_k_m, {}),
 }

@@ -10,6 +10,7 @@ from transformers' rotate-half order to the interleaved order GGML's rope uses.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -150,10 +151,7 @@ def _moe_config(key: Any, need: Any) -> dict[str, Any]:
 
 def _rope_scaling(gguf: GGUFFile, key: Any) -> dict[str, Any] | None:
     if "rope_freqs.weight" in gguf.tensors:
-        raise GGUFFileError(
-            f"{gguf.path} stores per-frequency rope factors (rope_freqs.weight, Llama-3.1 "
-            f"style rope scaling), which inference-engine-gguf-plugin does not map yet"
-        )
+        return _llama3_from_factors(gguf, key)
     kind = key("rope.scaling.type")
     if kind in (None, "none"):
         return None
@@ -167,6 +165,53 @@ def _rope_scaling(gguf: GGUFFile, key: Any) -> dict[str, Any] | None:
             scaling["original_max_position_embeddings"] = int(original)
         return scaling
     raise GGUFFileError(f"{gguf.path}: rope scaling type {kind!r} is not supported")
+
+
+def _llama3_from_factors(gguf: GGUFFile, key: Any) -> dict[str, Any]:
+    """Llama-3 rope scaling parameters that reproduce the file's ``rope_freqs`` factors.
+
+    llama.cpp's converter turns ``rope_scaling = {rope_type: llama3, factor, low_freq_factor,
+    high_freq_factor, original_max_position_embeddings}`` into one divisor per frequency:
+    1 for short wavelengths, ``factor`` for long ones, and in between
+    ``1 / ((1 - s) / factor + s)`` with ``s = (L / wavelen - low) / (high - low)``. Only
+    ``A = L / (high - low)`` and ``B = low / (high - low)`` matter, so they are fitted on
+    the in-between factors and written as ``L = A, low = B, high = B + 1``; the result is
+    checked against every stored factor.
+
+    Raises:
+        GGUFFileError: if no llama3 parameters reproduce the factors.
+    """
+    factors = gguf.raw("rope_freqs.weight").double().flatten()
+    heads = int(gguf.require(f"{gguf.architecture}.attention.head_count"))
+    hidden = int(gguf.require(f"{gguf.architecture}.embedding_length"))
+    dim = int(key("rope.dimension_count", key("attention.key_length", hidden // heads)))
+    base = float(key("rope.freq_base", 10000.0))
+    inv = [1.0 / (base ** (2 * i / dim)) for i in range(dim // 2)]
+    wavelen = [2 * math.pi / f for f in inv]
+    factor = float(factors.max())
+    unsupported = GGUFFileError(
+        f"{gguf.path}: rope_freqs.weight does not follow Llama-3 rope scaling; per-frequency "
+        f"rope factors of another shape are not supported")
+    if len(factors) != len(inv) or factor <= 1.0:
+        raise unsupported
+    medium = [i for i, f in enumerate(factors.tolist()) if 1.0 + 1e-6 < f < factor - 1e-6]
+    if len(medium) < 2:
+        raise unsupported
+    # s_i = A / wavelen_i - B, least squares over the in-between frequencies.
+    xs = [1.0 / wavelen[i] for i in medium]
+    ss = [(factor / float(factors[i]) - 1.0) / (factor - 1.0) for i in medium]
+    mx, ms = sum(xs) / len(xs), sum(ss) / len(ss)
+    a = sum((x - mx) * (s - ms) for x, s in zip(xs, ss, strict=True)) / sum(
+        (x - mx) ** 2 for x in xs)
+    b = a * mx - ms
+    scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": b,
+               "high_freq_factor": b + 1.0, "original_max_position_embeddings": a}
+    for i, stored in enumerate(factors.tolist()):
+        s = a / wavelen[i] - b
+        expected = 1.0 if s >= 1.0 else factor if s <= 0.0 else 1.0 / ((1 - s) / factor + s)
+        if abs(expected - stored) > 1e-4 * stored:
+            raise unsupported
+    return scaling
 
 
 # --------------------------------------------------------------------- tensor names

@@ -232,11 +232,50 @@ def export_to_gguf(model: Any, tokenizer: Any, path: str | Path,
             data = llama_permute(data, heads)  # rows move whole: same as permuting first
         writer.add_tensor(ggml_name, np.ascontiguousarray(data),
                           raw_dtype=t if t not in (T.F32, T.F16) else None)
+    factors = _llama3_rope_factors(cfg)
+    if factors is not None:
+        writer.add_tensor("rope_freqs.weight", factors)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return _unstack_experts(stored, cfg)
+
+
+def _rope_settings(cfg: Any) -> dict[str, Any]:
+    params = dict(getattr(cfg, "rope_parameters", None) or {})
+    params.update(getattr(cfg, "rope_scaling", None) or {})
+    return params
+
+
+def _llama3_rope_factors(cfg: Any) -> np.ndarray | None:
+    """``convert_hf_to_gguf``'s ``rope_freqs`` for Llama-3 rope scaling (None otherwise)."""
+    import math
+
+    rope = _rope_settings(cfg)
+    if str(rope.get("rope_type", "")).lower() != "llama3":
+        return None
+    base = float(rope.get("rope_theta") or getattr(cfg, "rope_theta", None) or 10000.0)
+    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    factor = rope.get("factor", 8.0)
+    low_freq_factor = rope.get("low_freq_factor", 1.0)
+    high_freq_factor = rope.get("high_freq_factor", 4.0)
+    old_context_len = rope.get("original_max_position_embeddings", 8192)
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    factors = []
+    for freq in freqs.tolist():
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_freq_wavelen:
+            factors.append(1.0)
+        elif wavelen > low_freq_wavelen:
+            factors.append(factor)
+        else:
+            smooth = ((old_context_len / wavelen - low_freq_factor)
+                      / (high_freq_factor - low_freq_factor))
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
 
 
 def _write_hparams(writer: GGUFWriter, cfg: Any) -> None:
@@ -251,9 +290,7 @@ def _write_hparams(writer: GGUFWriter, cfg: Any) -> None:
     writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(head_dim)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    theta = getattr(cfg, "rope_theta", None)
-    if theta is None:
-        theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+    theta = getattr(cfg, "rope_theta", None) or _rope_settings(cfg).get("rope_theta", 10000.0)
     writer.add_rope_freq_base(float(theta))
     if cfg.model_type == "qwen3_moe":
         writer.add_expert_count(cfg.num_experts)
