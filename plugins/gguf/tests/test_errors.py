@@ -94,3 +94,13 @@ def test_without_the_plugin_the_core_says_what_to_install(good_file):
                           timeout=120)
     assert proc.returncode != 0
     assert "pip install inference-engine-gguf-plugin" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_rope_factors_that_are_not_llama3_are_refused(tmp_path):
+    rng = np.random.default_rng(0)
+    path = write_file(tmp_path / "rope.gguf", "llama", {
+        "token_embd.weight": (np.zeros((8, 256), np.float32), None),
+        "rope_freqs.weight": ((rng.random(32) * 7 + 1).astype(np.float32), None),
+    })
+    with pytest.raises(GGUFFileError, match="does not follow Llama-3 rope scaling"):
+        GGUFFormat(path).load_config()
