@@ -59,12 +59,17 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   const int64_t tstride = tables.stride(0);
   const float sc = static_cast<float>(scale);
   // One task per sequence: a token's K (or V) row of every head is one
-  // contiguous run, read once for all heads.
+  // contiguous run, read once for all heads. With fewer sequences than
+  // threads, each KV head is its own task instead.
   const int64_t rows = kvh * g;
-  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+  const int64_t split = n < 2 * at::get_num_threads() ? kvh : 1;
+  const int64_t heads_per_task = kvh / split;
+  at::parallel_for(0, n * split, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     std::vector<float> acc;
-    for (int64_t s = begin; s < end; ++s) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t s = task / split;
+      const int64_t h0 = (task % split) * heads_per_task, h1 = h0 + heads_per_task;
       const int64_t len = lp[s];
       const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
       const int64_t span = len - first;
@@ -73,7 +78,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
       scores.assign(rows * span, 0.f);
       for (int64_t t = first; t < len; ++t) {
         const float* ktok = kp + table[t / bs] * kb + (t % bs) * kt;
-        for (int64_t h = 0; h < kvh; ++h) {
+        for (int64_t h = h0; h < h1; ++h) {
           const float* krow = ktok + h * kh;
           for (int64_t j = 0; j < g; ++j) {
             const float* qj = qs + (h * g + j) * d;
@@ -84,7 +89,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
           }
         }
       }
-      for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t r = h0 * g; r < h1 * g; ++r) {
         float* sr = scores.data() + r * span;
         float mx = -INFINITY;
         for (int64_t t = 0; t < span; ++t) mx = std::max(mx, sr[t]);
@@ -99,7 +104,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
       acc.assign(rows * d, 0.f);
       for (int64_t t = first; t < len; ++t) {
         const float* vtok = vp + table[t / bs] * vb + (t % bs) * vt;
-        for (int64_t h = 0; h < kvh; ++h) {
+        for (int64_t h = h0; h < h1; ++h) {
           const float* vrow = vtok + h * vh;
           for (int64_t j = 0; j < g; ++j) {
             const float p = scores[(h * g + j) * span + (t - first)];
@@ -109,7 +114,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
           }
         }
       }
-      std::copy(acc.begin(), acc.end(), op + s * rows * d);
+      std::copy(acc.begin() + h0 * g * d, acc.begin() + h1 * g * d, op + (s * rows + h0 * g) * d);
     }
   });
   return out;
@@ -134,7 +139,7 @@ def decode_kernel() -> Any | None:
 
                 logger.info("building the CPU paged-decode attention kernel (first use only)")
                 module = load_inline(
-                    name="inference_engine_cpu_decode_v2",
+                    name="inference_engine_cpu_decode_v3",
                     cpp_sources=[_SOURCE],
                     functions=["paged_decode"],
                     extra_cflags=["-O3", "-march=native", "-fopenmp-simd"],
