@@ -38,8 +38,6 @@ from inference_engine.testing import make_tiny_model, train_tiny_tokenizer
 from inference_engine_quant.fp8_testing import load_for_test, prefill_logits
 from safetensors.torch import load_file, save_file
 
-torch.set_flush_denormal(True)
-
 FP8 = torch.float8_e4m3fn
 ATOL_NOISE = 1e-5
 ATOL_FLIP = 0.1

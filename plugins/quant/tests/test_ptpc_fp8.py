@@ -14,8 +14,6 @@ from inference_engine_quant.fp8_testing import load_for_test, prefill_logits
 from inference_engine_quant.ptpc_fp8 import PtpcFp8Method
 from inference_engine_quant.quantize_memory import weight_memory_report
 
-torch.set_flush_denormal(True)
-
 FP8 = torch.float8_e4m3fn
 PROMPT = [7, 19, 3, 44, 120, 6, 91, 15, 230]
 
