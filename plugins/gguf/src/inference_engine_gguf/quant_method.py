@@ -101,7 +101,8 @@ class GGUFMethod(QuantMethod):
 
     ``checkpoint_config`` is the ``quantization_config`` the GGUF weight format
     writes: ``tensor_types`` (checkpoint name -> GGML type name) for the
-    linear weights kept raw, ``embedding_types`` and ``gguf_file`` for the
+    linear weights kept raw, ``expert_types`` (MoE layer -> gate/up/down types)
+    for experts kept raw, ``embedding_types`` and ``gguf_file`` for the
     embedding swap. Layers none of whose tensors are listed (e.g. a MoE router)
     fall back to dense weights in the compute dtype.
     """
@@ -125,6 +126,7 @@ class GGUFMethod(QuantMethod):
 
     @classmethod
     def kernel_for(cls, platform: Any) -> str:
+        """The same torch path on every platform (no fused dequant-GEMM kernel yet)."""
         return "torch GGML dequantize (row tiles) + matmul"
 
     # ------------------------------------------------------------ preparation
