@@ -86,14 +86,17 @@ def e8m0_from_amax(
 def decode_e8m0(scale_bytes: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``2^(b - 127)`` for uint8 (or ``float8_e8m0fnu``) bytes; 0xFF decodes to NaN.
 
-    Byte 0 is ``2^-127``, a float32 subnormal; in bfloat16 it is exact too.
+    Byte 0 is ``2^-127``, a float32 (and bfloat16) subnormal: exact unless the
+    process flushes denormals, where it reads as 0 (only all-zero blocks get it).
     """
     if scale_bytes.dtype == torch.float8_e8m0fnu:
         scale_bytes = scale_bytes.view(torch.uint8)
     if scale_bytes.dtype != torch.uint8:
         raise ValueError(f"E8M0 scales must be uint8 bytes, got {scale_bytes.dtype}")
     exponent = scale_bytes.to(torch.int32) - E8M0_BIAS
-    value = torch.ldexp(torch.ones(exponent.shape, dtype=torch.float32, device=exponent.device),
-                        exponent)
+    # float64 on request: 2^-127 is normal there, while float32 flushes it to 0 when
+    # the process flushes denormals (torch.set_flush_denormal).
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    value = torch.ldexp(torch.ones(exponent.shape, dtype=work, device=exponent.device), exponent)
     value = torch.where(scale_bytes == E8M0_NAN, torch.full_like(value, float("nan")), value)
     return value.to(dtype)
