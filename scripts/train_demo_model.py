@@ -630,6 +630,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=25)
     p.add_argument("--held-out", type=int, default=40, help="fresh tool questions to score")
     p.add_argument("--check", action="store_true", help="only check the model saved at --out")
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="continue training this saved model (keeps its tokenizer)")
     return p.parse_args(argv)
 
 
@@ -649,17 +651,26 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         examples = CorpusGenerator(args.seed).examples(args.num_examples)
         prompts = render_prompts(examples)
-        print(f"==> training a byte-level BPE tokenizer ({args.vocab_size} tokens + "
-              f"{len(TAG_TOKENS)} tags)", flush=True)
-        # A few thousand examples hold every word; more only slow the BPE trainer down.
-        texts = [p + e.completion for p, e in zip(prompts[:4000], examples, strict=False)]
-        tokenizer = train_tokenizer(texts, args.vocab_size)
+        if args.init_from is not None:
+            print(f"==> continuing from {args.init_from}", flush=True)
+            tokenizer = AutoTokenizer.from_pretrained(args.init_from)
+        else:
+            print(f"==> training a byte-level BPE tokenizer ({args.vocab_size} tokens + "
+                  f"{len(TAG_TOKENS)} tags)", flush=True)
+            # A few thousand examples hold every word; more only slow the BPE trainer down.
+            texts = [p + e.completion for p, e in zip(prompts[:4000], examples, strict=False)]
+            tokenizer = train_tokenizer(texts, args.vocab_size)
         data = encode(tokenizer, examples, prompts)
         lengths = [len(e.prefix) + len(e.rest) for e in data]
         supervised = sum(len(e.rest) - e.loss_start for e in data)
         print(f"    {len(data)} examples, {sum(lengths)} tokens ({supervised} supervised), "
               f"length {min(lengths)}-{max(lengths)}", flush=True)
-        model = make_model(tokenizer, args)
+        if args.init_from is not None:
+            model = Qwen3ForCausalLM.from_pretrained(args.init_from, dtype=torch.float32)
+            previous = json.loads((args.init_from / "training_info.json").read_text())
+        else:
+            model = make_model(tokenizer, args)
+            previous = None
         num_params = sum(p.numel() for p in model.parameters())
         print(f"==> training Qwen3ForCausalLM ({num_params / 1e6:.2f}M parameters, fp32, "
               f"{args.threads} threads) for {args.steps} steps", flush=True)
@@ -674,7 +685,10 @@ def main(argv: list[str] | None = None) -> int:
         info = {"seed": args.seed, "steps": args.steps, "num_examples": args.num_examples,
                 "final_loss": round(final_loss, 4), "train_seconds": round(train_seconds, 1),
                 "threads": args.threads, "num_parameters": num_params,
-                "weights_sha256_16": weights_digest(model), "torch": torch.__version__}
+                "weights_sha256_16": weights_digest(model), "torch": torch.__version__,
+                "lr": args.lr, "batch_size": args.batch_size}
+        if previous is not None:
+            info["continued_from"] = previous
         (args.out / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
         print(f"==> saved to {args.out}: final loss {final_loss:.4f}, {train_seconds:.0f}s, "
               f"weights digest {info['weights_sha256_16']}", flush=True)

@@ -83,8 +83,10 @@ def list_plugins(
 
 @app.command("generate")
 def generate(
-    model: Annotated[str, typer.Option(help="Model folder (Hugging Face layout) or .gguf file.")],
     prompt: Annotated[list[str], typer.Option(help="Prompt text; repeat for a batch.")],
+    model: Annotated[Optional[str], typer.Option(
+        help="Model folder (Hugging Face layout) or .gguf file; default: the demo model "
+             "of this checkout (models/demo-qwen3-tiny).")] = None,
     max_tokens: Annotated[int, typer.Option(min=1, help="Tokens to generate per prompt.")] = 64,
     temperature: Annotated[float, typer.Option(min=0.0, help="0 means greedy.")] = 0.0,
     top_p: Annotated[float, typer.Option(min=0.0, max=1.0)] = 1.0,
@@ -105,6 +107,7 @@ def generate(
     platform: Annotated[Optional[str], typer.Option(help="Force a platform by name.")] = None,
 ) -> None:
     """Generate completions for one or more prompts, batched together."""
+    model = _model_or_demo(model, "--model PATH")
     from inference_engine.entrypoints.llm import LLM
     from inference_engine.registry import UnknownNameError
     from inference_engine.sampling_params import SamplingParams
@@ -135,6 +138,21 @@ def generate(
             typer.echo(f"[{completion.finish_reason}, {len(completion.token_ids)} tokens]", err=True)
 
 
+def _model_or_demo(model: Optional[str], hint: str) -> str:
+    """``model``, or the demo model committed in this source checkout when none is given."""
+    if model is not None:
+        return model
+    from pathlib import Path
+
+    # This file is core/src/inference_engine/cli.py; the model sits under the repo root.
+    demo = Path(__file__).resolve().parents[3] / "models" / "demo-qwen3-tiny"
+    if (demo / "config.json").is_file():
+        return str(demo)
+    typer.echo(f"error: no model given and the demo model is not at {demo} (it ships only "
+               f"with a source checkout); pass {hint}", err=True)
+    raise typer.Exit(2)
+
+
 def _split(values: Optional[list[str]]) -> list[str]:
     """Repeated and/or comma-separated option values as one list."""
     return [v.strip() for value in values or [] for v in value.split(",") if v.strip()]
@@ -163,7 +181,9 @@ def _parse_bytes(value: Optional[str]) -> Optional[int]:
 
 @app.command("serve")
 def serve(
-    model: Annotated[str, typer.Argument(help="Model folder (Hugging Face layout) or .gguf file.")],
+    model: Annotated[Optional[str], typer.Argument(
+        help="Model folder (Hugging Face layout) or .gguf file; default: the demo model "
+             "of this checkout (models/demo-qwen3-tiny).")] = None,
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port to bind.")] = 8000,
     served_model_name: Annotated[Optional[list[str]], typer.Option(
@@ -223,6 +243,7 @@ def serve(
     from inference_engine.registry import UnknownNameError
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    model = _model_or_demo(model, "MODEL")
     keys = _split(api_key) + _split([api_key_from_env()] if api_key_from_env() else [])
     try:
         server_config = ServerConfig(
