@@ -75,8 +75,8 @@ class FusedMoE(nn.Module):
         # Named like linear layers' attribute, so the loader's process-after-loading pass finds it.
         self.quant_method: FusedMoEMethod = (
             ctx.quant_method.fused_moe_method(prefix) or UnquantizedFusedMoEMethod())
-        self.quant_method.create_weights(self, prefix, num_experts, hidden_size, intermediate_size,
-                                   ctx.dtype, bias)
+        self.quant_method.create_weights(self, prefix, num_experts, hidden_size,
+                                         intermediate_size, ctx.dtype, bias)
         if checkpoint_transform is not None:
             for name, param in self.named_parameters(recurse=False):
                 param.weight_loader = _transformed(  # type: ignore[attr-defined]
