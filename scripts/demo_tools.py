@@ -58,7 +58,7 @@ TOOLS: list[dict[str, Any]] = [
 
 # The fixed demo prompts (greedy decoding must answer them well; the test checks it).
 DEMO_PLAIN_QUESTION = "What is the capital of France?"
-DEMO_TOOL_QUESTION = "What is the weather like in Tokyo?"
+DEMO_TOOL_QUESTION = "What is the weather like in Tokyo in fahrenheit?"
 
 # City -> IANA timezone; also the cities the weather questions use.
 CITIES: dict[str, str] = {

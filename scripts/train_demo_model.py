@@ -10,7 +10,11 @@ Hugging Face layout (default ``models/demo-qwen3-tiny/``), then checked: greedy
 decoding on the fixed demo prompts must think, call the tool with arguments
 that satisfy its schema, and answer from the tool result.
 
-    .venv/bin/python scripts/train_demo_model.py            # about 10-20 min on 2 CPU cores
+The committed model is two runs (docs/demo.md has the figures; ~36 min on 2 busy cores):
+
+    .venv/bin/python scripts/train_demo_model.py --out /tmp/demo-stage1
+    .venv/bin/python scripts/train_demo_model.py --init-from /tmp/demo-stage1 --seed 1 \\
+        --steps 600 --lr 1e-3 --num-examples 8000
     .venv/bin/python scripts/train_demo_model.py --check    # only re-check a saved model
 """
 

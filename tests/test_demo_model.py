@@ -61,7 +61,7 @@ def test_tool_question_thinks_calls_the_tool_and_answers_from_the_result(llm):
     (call,) = result.tool_calls
     assert call["function"]["name"] == "get_weather"
     arguments = demo_tools.check_arguments("get_weather", call["function"]["arguments"])
-    assert arguments == {"city": "Tokyo", "unit": "celsius"}  # no unit asked: celsius
+    assert arguments == {"city": "Tokyo", "unit": "fahrenheit"}
 
     tool_result = demo_tools.run_tool("get_weather", arguments)
     messages += [{"role": "assistant", "content": None, "tool_calls": result.tool_calls},
