@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from inference_engine import LLM, SamplingParams
+from inference_engine.testing_parity import assert_greedy_matches
 
 SMALL_KV = 1 << 24  # 16 MiB: plenty for these tests, quick to allocate
-
-from inference_engine import LLM, SamplingParams
 
 NEW_TOKENS = 32
 PROMPTS = [
@@ -49,20 +49,6 @@ def references(tiny_model_dirs, tiny_tokenizer):
     return refs
 
 
-def assert_greedy_matches(model, prompt_ids, ours, ref):
-    for pos, (a, b) in enumerate(zip(ours, ref, strict=True)):
-        if a == b:
-            continue
-        with torch.no_grad():
-            logits = model(torch.tensor([prompt_ids + ref[:pos]])).logits[0, -1]
-        top2 = logits.topk(2)
-        gap = float(top2.values[0] - top2.values[1])
-        assert gap < 1e-4 and {a, b} <= set(top2.indices.tolist()), (
-            f"token {pos} differs ({a} vs reference {b}) and the reference's top-2 gap is {gap:.2e}"
-        )
-        return  # after a genuine tie the continuations may legitimately diverge
-
-
 ENGINE_SETUPS = {
     "default": {},
     "torch_sdpa": {"attention_backend": "torch_sdpa"},
@@ -97,7 +83,8 @@ def test_greedy_parity_qwen3(setup, tiny_model_dirs, tiny_tokenizer, references)
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_greedy_parity_other_archs(arch, tiny_model_dirs, references):
-    llm = LLM(str(tiny_model_dirs[arch]), dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV, block_size=4,
+    llm = LLM(str(tiny_model_dirs[arch]), dtype="float32", show_progress=False,
+              kv_cache_memory=SMALL_KV, block_size=4,
               max_num_batched_tokens=12)
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS,
                                                 ignore_eos=True))
@@ -109,7 +96,8 @@ def test_greedy_parity_other_archs(arch, tiny_model_dirs, references):
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_prompt_logprobs_match_reference(arch, tiny_model_dirs, tiny_tokenizer, references):
     """prompt_logprobs are log-softmax of the model's logits: compare to transformers."""
-    llm = LLM(str(tiny_model_dirs[arch]), dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV, block_size=4,
+    llm = LLM(str(tiny_model_dirs[arch]), dtype="float32", show_progress=False,
+              kv_cache_memory=SMALL_KV, block_size=4,
               max_num_batched_tokens=8)
     prompt = PROMPTS[1]
     ids = references[arch][2].encode(prompt)
@@ -134,7 +122,8 @@ def test_prompt_logprobs_match_reference(arch, tiny_model_dirs, tiny_tokenizer, 
 @pytest.mark.parametrize("backend", ["paged", "torch_sdpa"])
 def test_last_position_logits_match_reference(arch, backend, tiny_model_dirs, references):
     """Raw float32 logits of one mixed prefill batch against transformers, 1e-4 max abs."""
-    llm = LLM(str(tiny_model_dirs[arch]), dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV, block_size=4,
+    llm = LLM(str(tiny_model_dirs[arch]), dtype="float32", show_progress=False,
+              kv_cache_memory=SMALL_KV, block_size=4,
               attention_backend=backend)
     engine = llm.engine
     model, _, tokenizer = references[arch]

@@ -11,6 +11,7 @@ import pytest
 import torch
 from gguf.constants import GGMLQuantizationType as T
 from inference_engine import LLM, SamplingParams
+from inference_engine.testing_parity import assert_greedy_matches
 from inference_engine_gguf.export import export_to_gguf
 
 NEW_TOKENS = 10
@@ -69,20 +70,6 @@ def reference_continuations(model, stored, prompt_ids):
                                  attention_mask=torch.ones_like(x))
         conts.append(out[0, len(ids):].tolist())
     return conts
-
-
-def assert_greedy_matches(model, prompt_ids, ours, ref):
-    for pos, (a, b) in enumerate(zip(ours, ref, strict=True)):
-        if a == b:
-            continue
-        with torch.no_grad():
-            logits = model(torch.tensor([prompt_ids + ref[:pos]])).logits[0, -1]
-        top2 = logits.topk(2)
-        gap = float(top2.values[0] - top2.values[1])
-        assert gap < 1e-4 and {a, b} <= set(top2.indices.tolist()), (
-            f"token {pos} differs ({a} vs reference {b}) and the reference's top-2 gap is {gap:.2e}"
-        )
-        return
 
 
 def run_engine(path, prompt_ids, **kwargs):

@@ -16,6 +16,7 @@ import transformers
 from inference_engine import LLM, SamplingParams
 from inference_engine.builtin.platforms.cpu import CpuPlatform
 from inference_engine.testing import make_tiny_model
+from inference_engine.testing_parity import assert_greedy_matches
 from inference_engine_quant.fp8_testing import load_for_test, prefill_logits
 from inference_engine_quant.mx_block import dequantize_mxfp4
 from inference_engine_quant.mx_linear import quantized_weight_bytes
@@ -35,20 +36,6 @@ def hf_logits(path, ids):
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].float(), model
-
-
-def assert_greedy_matches(model, prompt_ids, ours, ref):
-    """Identical greedy tokens, except after a genuine reference near-tie (top-2 within 1e-4)."""
-    for pos, (a, b) in enumerate(zip(ours, ref, strict=True)):
-        if a == b:
-            continue
-        with torch.no_grad():
-            logits = model(torch.tensor([prompt_ids + ref[:pos]])).logits[0, -1]
-        top2 = logits.topk(2)
-        gap = float(top2.values[0] - top2.values[1])
-        assert gap < 1e-4 and {a, b} <= set(top2.indices.tolist()), (
-            f"token {pos} differs ({a} vs reference {b}); reference top-2 gap {gap:.2e}")
-        return
 
 
 def hf_greedy(model, ids, n):
