@@ -9,8 +9,6 @@ load_weights contract (unexpected, missing and mismatched names).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -18,10 +16,9 @@ import torch
 import transformers
 from inference_engine.builtin.attention.paged import PagedAttentionBackend
 from inference_engine.builtin.attention.torch_sdpa import TorchSDPABackend
-from inference_engine.builtin.quant.unquantized import UnquantizedMethod
-from inference_engine.interfaces.attention import AttentionMetadata, KVCacheSpec
-from inference_engine.interfaces.model import ModelContext
+from inference_engine.interfaces.attention import KVCacheSpec
 from inference_engine.layers import Attention
+from inference_engine.testing_parity import Seq, Twin, build_twin, hf_logits, run_step
 from inference_engine_models.llama import LlamaForCausalLM
 from inference_engine_models.qwen2 import Qwen2ForCausalLM
 from inference_engine_models.qwen3 import Qwen3ForCausalLM
@@ -62,89 +59,9 @@ def random_hf_model(arch: str, config: Any, seed: int = 0) -> torch.nn.Module:
     return model
 
 
-@dataclass
-class Twin:
-    """Our model with a KV cache bound to every attention layer."""
-
-    model: Any
-    caches: list[tuple[torch.Tensor, torch.Tensor]]
-
-
 def build_ours(arch: str, config: Any, state: dict[str, torch.Tensor] | None = None,
                backend: str = "torch_sdpa", num_blocks: int = NUM_BLOCKS) -> Twin:
-    ctx = ModelContext(config, torch.float32, UnquantizedMethod(), BACKENDS[backend],
-                       torch.device("cpu"))
-    model = ARCHS[arch][2](ctx).eval()
-    if state is not None:
-        with torch.no_grad():
-            model.load_weights(state.items())
-            for module in model.modules():  # as the engine's loader does
-                method = getattr(module, "quant_method", None)
-                if method is not None:
-                    method.process_weights_after_loading(module)
-    caches = []
-    for layer in model.modules():
-        if isinstance(layer, Attention):
-            shape = (num_blocks, BLOCK_SIZE, layer.num_kv_heads, layer.head_dim)
-            layer.kv_cache = (torch.zeros(shape), torch.zeros(shape))
-            caches.append(layer.kv_cache)
-    return Twin(model, caches)
-
-
-@dataclass
-class Seq:
-    """One sequence's part of a step: ``num_cached`` tokens already in its blocks."""
-
-    token_ids: list[int]
-    num_cached: int
-    block_ids: list[int]
-
-
-def make_step(seqs: Sequence[Seq],
-              block_size: int = BLOCK_SIZE) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-    """(input_ids, positions, metadata) of one flat step; decodes must come first."""
-    ids, positions, slots, query_lens, seq_lens = [], [], [], [], []
-    for s in seqs:
-        new = s.token_ids[s.num_cached:]
-        ids += new
-        pos = list(range(s.num_cached, len(s.token_ids)))
-        positions += pos
-        slots += [s.block_ids[p // block_size] * block_size + p % block_size for p in pos]
-        query_lens.append(len(new))
-        seq_lens.append(len(s.token_ids))
-    num_decodes = 0
-    for n in query_lens:
-        if n != 1:
-            break
-        num_decodes += 1
-    width = max(len(s.block_ids) for s in seqs)
-    tables = torch.zeros(len(seqs), width, dtype=torch.int64)
-    for i, s in enumerate(seqs):
-        tables[i, : len(s.block_ids)] = torch.tensor(s.block_ids)
-    slot = torch.tensor(slots, dtype=torch.int64)
-    starts = torch.zeros(len(seqs) + 1, dtype=torch.int64)
-    starts[1:] = torch.tensor(query_lens).cumsum(0)
-    metadata = AttentionMetadata(
-        num_tokens=len(ids), num_decodes=num_decodes, query_start_loc=starts,
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int64), slot_mapping=slot,
-        block_tables=tables, block_size=block_size, query_lens_list=query_lens,
-        seq_lens_list=seq_lens, slot_blocks=slot // block_size, slot_offsets=slot % block_size,
-        max_decode_seq_len=max(seq_lens[:num_decodes], default=0),
-    )
-    return torch.tensor(ids), torch.tensor(positions), metadata
-
-
-def run_step(twin: Twin, seqs: Sequence[Seq]) -> torch.Tensor:
-    """All-position float32 logits ``[num_tokens, vocab]`` of one step."""
-    ids, positions, metadata = make_step(seqs)
-    with torch.inference_mode():
-        hidden = twin.model(ids, positions, metadata)
-        return twin.model.compute_logits(hidden)
-
-
-def hf_logits(model: torch.nn.Module, token_ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return model(torch.tensor([token_ids])).logits[0].float()
+    return build_twin(ARCHS[arch][2], config, state, backend, BLOCK_SIZE, num_blocks)
 
 
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -302,4 +219,8 @@ def test_attention_layers_are_found_in_order_with_their_cache_spec():
     assert [m.prefix for m in layers] == [f"model.layers.{i}.self_attn.attn" for i in range(3)]
     spec = layers[0].kv_cache_spec()
     assert spec == KVCacheSpec(num_tensors=2, num_heads=2, head_dim=32, dtype=torch.float32)
-    assert all(layer.kv_cache is cache for layer, cache in zip(layers, twin.caches, strict=True))
+    pool = twin.pool.storage.untyped_storage().data_ptr()
+    for layer in layers:  # bound to views of the one block-contiguous pool
+        for cache in layer.kv_cache:
+            assert cache.shape == (NUM_BLOCKS, BLOCK_SIZE, 2, 32)
+            assert cache.untyped_storage().data_ptr() == pool
