@@ -128,9 +128,7 @@ class Mxfp4Method(PerLayerFormatMethod):
             raise ValueError(f"--quantization mxfp4 cannot run a checkpoint already quantized with "
                              f"{method!r}; drop the flag to use the checkpoint's own method")
         self.online = method is None
-        rule = options.get("mx_scale_rule", "floor")
-        if rule not in ("floor", "rceil"):
-            raise ValueError(f"mx_scale_rule must be 'floor' or 'rceil', got {rule!r}")
+        rule = self.scale_rule()
         self.ignored = [str(p) for p in self.checkpoint_config.get("modules_to_not_convert") or []]
         self.rule = rule
         platform = current_platform_or_none(self.options)

@@ -136,22 +136,8 @@ class Mxfp8Method(PerLayerFormatMethod):
 
     def __init__(self, checkpoint_config: dict[str, Any] | None = None, **options: Any) -> None:
         super().__init__(checkpoint_config, **options)
-        method = self.checkpoint_config.get("quant_method")
-        self._delegate = None
-        if method == "modelopt":
-            from inference_engine_quant.modelopt import ModelOptMethod, modelopt_settings
-
-            algo = str(modelopt_settings(self.checkpoint_config).get("quant_algo", "")).upper()
-            if algo != "MXFP8":
-                raise ValueError(f"--quantization mxfp8 cannot run a ModelOpt {algo} checkpoint; "
-                                 f"drop the flag to use the checkpoint's own method")
-            self._delegate = ModelOptMethod(checkpoint_config, **options)
-        elif method is not None:
-            raise ValueError(f"--quantization mxfp8 cannot run a checkpoint already quantized with "
-                             f"{method!r}; drop the flag to use the checkpoint's own method")
-        rule = options.get("mx_scale_rule", "floor")
-        if rule not in ("floor", "rceil"):
-            raise ValueError(f"mx_scale_rule must be 'floor' or 'rceil', got {rule!r}")
+        self._delegate = self.modelopt_delegate("MXFP8")
+        rule = self.scale_rule()
         self._mxfp8 = Mxfp8Format(True, self.dequantize_at_load, rule)
         self._dense = DenseFormat()
 

@@ -156,19 +156,7 @@ class Nvfp4Method(PerLayerFormatMethod):
 
     def __init__(self, checkpoint_config: dict[str, Any] | None = None, **options: Any) -> None:
         super().__init__(checkpoint_config, **options)
-        method = self.checkpoint_config.get("quant_method")
-        self._delegate = None
-        if method == "modelopt":
-            from inference_engine_quant.modelopt import ModelOptMethod, modelopt_settings
-
-            algo = str(modelopt_settings(self.checkpoint_config).get("quant_algo", "")).upper()
-            if algo != "NVFP4":
-                raise ValueError(f"--quantization nvfp4 cannot run a ModelOpt {algo} checkpoint; "
-                                 f"drop the flag to use the checkpoint's own method")
-            self._delegate = ModelOptMethod(checkpoint_config, **options)
-        elif method is not None:
-            raise ValueError(f"--quantization nvfp4 cannot run a checkpoint already quantized with "
-                             f"{method!r}; drop the flag to use the checkpoint's own method")
+        self._delegate = self.modelopt_delegate("NVFP4")
         platform = current_platform_or_none(self.options)
         self._nvfp4 = Nvfp4Format(True, self.dequantize_at_load, platform)
         self._dense = DenseFormat()
