@@ -13,7 +13,6 @@ Run:  OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/moe.py
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -22,10 +21,14 @@ import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from offline_throughput import hf_throughput, ours_throughput, workload  # noqa: E402
-
 from inference_engine import LLM  # noqa: E402
 from inference_engine.testing import word_level_tokenizer  # noqa: E402
+from offline_throughput import (  # noqa: E402
+    hf_throughput,
+    median_runs,
+    ours_throughput,
+    workload,
+)
 
 
 def build_model(path: str, layers: int, experts: int, top_k: int) -> None:
@@ -72,14 +75,7 @@ def main() -> None:
             hf_throughput(hf, prompts[:4], 8, args.hf_batch)  # warm-up
             measure["transformers"] = lambda: hf_throughput(hf, prompts, args.output_tokens,
                                                             args.hf_batch)
-        results = {}
-        for name, fn in measure.items():
-            runs = []
-            for r in range(args.repeats):
-                runs.append(fn())
-                print(f"  {name} {args.num_requests}-request tok/s, run {r + 1}/{args.repeats}: "
-                      f"{runs[-1]:.1f}", flush=True)
-            results[name] = statistics.median(runs)
+        results = median_runs(measure, args.repeats)
         print(f"\nmedian of {args.repeats} run(s), {args.num_requests} requests x "
               f"{args.output_tokens} output tokens")
         for name, value in results.items():

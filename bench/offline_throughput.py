@@ -14,10 +14,10 @@ import argparse
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 
 import torch
 import transformers
-
 from inference_engine import LLM, SamplingParams
 from inference_engine.testing import word_level_tokenizer
 
@@ -86,6 +86,18 @@ def decode_rate_ours(llm: LLM, prompt: list[int], new_tokens: int) -> float:
     return new_tokens / (time.perf_counter() - start)
 
 
+def median_runs(measure: dict[str, Callable[[], float]], repeats: int) -> dict[str, float]:
+    """Run each measurement ``repeats`` times, printing every run; the medians by name."""
+    results = {}
+    for name, fn in measure.items():
+        runs = []
+        for r in range(repeats):
+            runs.append(fn())
+            print(f"  {name} run {r + 1}/{repeats}: {runs[-1]:.1f}", flush=True)
+        results[name] = statistics.median(runs)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-requests", type=int, default=64)
@@ -119,13 +131,7 @@ def main() -> None:
                 hf, prompts, args.output_tokens, args.hf_batch)
             measure["transformers batch-1 decode tok/s"] = lambda: decode_rate_hf(
                 hf, decode_prompt, args.output_tokens)
-        results = {}
-        for name, fn in measure.items():
-            runs = []
-            for r in range(args.repeats):
-                runs.append(fn())
-                print(f"  {name} run {r + 1}/{args.repeats}: {runs[-1]:.1f}", flush=True)
-            results[name] = statistics.median(runs)
+        results = median_runs(measure, args.repeats)
         print("\nmedian of", args.repeats, "runs")
         for name, value in results.items():
             rows.append(f"{name:38s} {value:9.1f}")
