@@ -16,17 +16,20 @@ Run:  OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/quant_fp8.py [--layers 8]
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 import transformers
-from inference_engine import LLM, SamplingParams
+from inference_engine import LLM
 from inference_engine.testing import word_level_tokenizer
 from inference_engine_quant.fp8_testing import load_for_test, prefill_logits
 from inference_engine_quant.quantize_cli import quantize_checkpoint
 from inference_engine_quant.quantize_memory import weight_memory_report
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from quant import decode_rate, distribution_stats  # noqa: E402
 
 
 def build_model(path: Path, layers: int, init_std: float | None = None) -> None:
@@ -46,25 +49,6 @@ def build_model(path: Path, layers: int, init_std: float | None = None) -> None:
                     p.normal_(0.0, init_std)
     model.to(torch.bfloat16).save_pretrained(path)
     word_level_tokenizer(8192).save_pretrained(path)
-
-
-def distribution_stats(ref: list[torch.Tensor], got: list[torch.Tensor]) -> tuple[float, float]:
-    """(top-1 agreement, mean KL(ref || got)) over all positions."""
-    agree = total = 0
-    kl = 0.0
-    for r, g in zip(ref, got, strict=True):
-        lr, lg = torch.log_softmax(r, -1), torch.log_softmax(g, -1)
-        kl += (lr.exp() * (lr - lg)).sum().item()
-        agree += (r.argmax(-1) == g.argmax(-1)).sum().item()
-        total += r.shape[0]
-    return agree / total, kl / total
-
-
-def throughput(llm: LLM, prompts: list[list[int]], new_tokens: int) -> float:
-    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
-    start = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    return sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - start)
 
 
 def main() -> None:
@@ -109,9 +93,9 @@ def main() -> None:
             if not args.skip_throughput:
                 llm = LLM(str(path), quantization=method, dtype="bfloat16", show_progress=False,
                           dequantize_at_load=deq, kv_cache_memory=256 << 20)
-                throughput(llm, prompts[:2], 4)  # warm-up
-                batched = throughput(llm, prompts, args.new_tokens)
-                single = throughput(llm, prompts[:1], args.new_tokens)
+                decode_rate(llm, prompts[:2], 4)  # warm-up
+                batched = decode_rate(llm, prompts, args.new_tokens)
+                single = decode_rate(llm, prompts[:1], args.new_tokens)
                 del llm
             rows.append((name, report.linear_bytes, report.linear_ratio_vs_bf16, agree, kl,
                          batched, single, kernel))
