@@ -16,16 +16,13 @@ path (gather + SDPA) is the reference it is tested against.
 
 from __future__ import annotations
 
-import logging
-import os
-import threading
 from typing import Any
 
 import torch
 
-__all__ = ["decode_kernel", "paged_decode_attention"]
+from inference_engine.cpu_extensions import load_cpu_extension
 
-logger = logging.getLogger(__name__)
+__all__ = ["decode_kernel", "paged_decode_attention"]
 
 _SOURCE = r"""
 #include <torch/extension.h>
@@ -122,34 +119,12 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
 }
 """
 
-_LOCK = threading.Lock()
-_STATE: dict[str, Any] = {}
-
-
 def decode_kernel() -> Any | None:
     """The compiled extension module, or None where it cannot be built (logged once)."""
-    if "module" in _STATE:
-        return _STATE["module"]
-    with _LOCK:
-        if "module" in _STATE:
-            return _STATE["module"]
-        module = None
-        if os.environ.get("INFERENCE_ENGINE_CPU_KERNELS", "1") != "0":
-            try:
-                from torch.utils.cpp_extension import load_inline
-
-                logger.info("building the CPU paged-decode attention kernel (first use only)")
-                module = load_inline(
-                    name="inference_engine_cpu_decode_v5",
-                    cpp_sources=[_SOURCE],
-                    functions=["paged_decode"],
-                    extra_cflags=["-O3", "-march=native", "-fopenmp-simd", "-ffast-math"],
-                    verbose=False,
-                )
-            except Exception as exc:  # no compiler, no ninja, no headers: use the torch path
-                logger.warning("CPU decode kernel unavailable, using gather + SDPA: %s", exc)
-        _STATE["module"] = module
-        return module
+    return load_cpu_extension(
+        "inference_engine_cpu_decode_v5", _SOURCE, ["paged_decode"],
+        description="the CPU paged-decode attention kernel", extra_cflags=("-ffast-math",),
+    )
 
 
 def paged_decode_attention(
