@@ -1,0 +1,451 @@
+"""A C++ CPU kernel that multiplies float32 activations by raw GGML blocks, fused.
+
+``y[M, N] = x[M, K] @ W.T`` where ``W [N, K]`` is held as GGML rows
+(``uint8 [N, row_bytes]``). Each thread takes tiles of a few output rows,
+dequantizes just those rows into a small float32 buffer that stays in cache and
+multiplies it with all ``M`` activation rows before the next tile: the dense
+weight never exists in memory, and each weight byte is read once per matmul
+whatever ``M`` is. The torch path (:func:`inference_engine_gguf.dequant.dequantize`
++ ``F.linear``) is the reference it is tested against.
+
+The dequantization is ggml's own ``dequantize_row_*`` arithmetic, built with
+``-ffp-contract=off`` so that it equals the torch path (and ``gguf.quants``) bit
+for bit; the dot products use AVX-512 FMAs when the compiler targets AVX-512F
+(plain loops otherwise), so results differ from ``F.linear`` by float32
+summation order only. :func:`dequantize_rows` exposes the dequantization alone
+(the quantized embedding's row lookup).
+
+Built on first use by :func:`inference_engine.cpu_extensions.load_cpu_extension`;
+wherever that is impossible, or ``INFERENCE_ENGINE_CPU_KERNELS=0``,
+:func:`kernel` is None and callers keep the torch path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from gguf.constants import GGMLQuantizationType
+from inference_engine.cpu_extensions import load_cpu_extension
+
+__all__ = ["KERNEL_TYPES", "dequantize_rows", "ggml_linear", "kernel", "supports"]
+
+T = GGMLQuantizationType
+
+# GGML block types the kernel handles (everything else keeps the torch path).
+KERNEL_TYPES: frozenset[GGMLQuantizationType] = frozenset({
+    T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
+})
+
+_SOURCE = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+#if defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+inline float f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1F, mant = h & 0x3FF, bits;
+  if (exp == 0x1F) {
+    bits = sign | 0x7F800000u | (mant << 13);
+  } else if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      do { mant <<= 1; ++e; } while (!(mant & 0x400));
+      bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((mant & 0x3FF) << 13);
+    }
+  } else {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+#endif
+}
+
+// Block dequantizers, ggml-quants.c's dequantize_row_* for one block.
+// Each writes block_size floats to y.
+
+void dq_q4_0(const uint8_t* b, float* y) {
+  const float d = f16(b);
+  const uint8_t* qs = b + 2;
+  for (int j = 0; j < 16; ++j) {
+    y[j] = (float)((int)(qs[j] & 0x0F) - 8) * d;
+    y[j + 16] = (float)((int)(qs[j] >> 4) - 8) * d;
+  }
+}
+
+void dq_q4_1(const uint8_t* b, float* y) {
+  const float d = f16(b), m = f16(b + 2);
+  const uint8_t* qs = b + 4;
+  for (int j = 0; j < 16; ++j) {
+    y[j] = (float)(qs[j] & 0x0F) * d + m;
+    y[j + 16] = (float)(qs[j] >> 4) * d + m;
+  }
+}
+
+void dq_q5_0(const uint8_t* b, float* y) {
+  const float d = f16(b);
+  uint32_t qh;
+  std::memcpy(&qh, b + 2, 4);
+  const uint8_t* qs = b + 6;
+  for (int j = 0; j < 16; ++j) {
+    const int h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+    y[j] = (float)(((qs[j] & 0x0F) | h0) - 16) * d;
+    y[j + 16] = (float)(((qs[j] >> 4) | h1) - 16) * d;
+  }
+}
+
+void dq_q5_1(const uint8_t* b, float* y) {
+  const float d = f16(b), m = f16(b + 2);
+  uint32_t qh;
+  std::memcpy(&qh, b + 4, 4);
+  const uint8_t* qs = b + 8;
+  for (int j = 0; j < 16; ++j) {
+    const int h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+    y[j] = (float)((qs[j] & 0x0F) | h0) * d + m;
+    y[j + 16] = (float)((qs[j] >> 4) | h1) * d + m;
+  }
+}
+
+void dq_q8_0(const uint8_t* b, float* y) {
+  const float d = f16(b);
+  const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2);
+  for (int j = 0; j < 32; ++j) y[j] = (float)qs[j] * d;
+}
+
+void dq_q2_k(const uint8_t* b, float* y) {
+  const uint8_t* scales = b;
+  const uint8_t* q = b + 16;
+  const float d = f16(b + 80), dmin = f16(b + 82);
+  int is = 0;
+  for (int n = 0; n < 256; n += 128) {
+    int shift = 0;
+    for (int j = 0; j < 4; ++j) {
+      for (int half = 0; half < 2; ++half) {
+        const uint8_t sc = scales[is++];
+        const float dl = d * (float)(sc & 0x0F), ml = dmin * (float)(sc >> 4);
+        const uint8_t* qq = q + 16 * half;
+        for (int l = 0; l < 16; ++l) y[l] = (float)((qq[l] >> shift) & 3) * dl - ml;
+        y += 16;
+      }
+      shift += 2;
+    }
+    q += 32;
+  }
+}
+
+void dq_q3_k(const uint8_t* b, float* y) {
+  const uint8_t* hm = b;
+  const uint8_t* q = b + 32;
+  const float d_all = f16(b + 108);
+  uint32_t aux[4];
+  std::memcpy(aux, b + 96, 12);
+  const uint32_t kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f, tmp = aux[2];
+  aux[2] = ((aux[0] >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
+  aux[3] = ((aux[1] >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
+  aux[0] = (aux[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
+  aux[1] = (aux[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
+  int8_t scales[16];
+  std::memcpy(scales, aux, 16);
+  int is = 0;
+  uint8_t m = 1;
+  for (int n = 0; n < 256; n += 128) {
+    int shift = 0;
+    for (int j = 0; j < 4; ++j) {
+      for (int half = 0; half < 2; ++half) {
+        const float dl = d_all * (float)(scales[is++] - 32);
+        const uint8_t* qq = q + 16 * half;
+        const uint8_t* hh = hm + 16 * half;
+        for (int l = 0; l < 16; ++l) {
+          const int v = (int)((qq[l] >> shift) & 3) - ((hh[l] & m) ? 0 : 4);
+          y[l] = (float)v * dl;
+        }
+        y += 16;
+      }
+      shift += 2;
+      m <<= 1;
+    }
+    q += 32;
+  }
+}
+
+inline void scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
+  if (j < 4) {
+    *d = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+void dq_q4_k(const uint8_t* b, float* y) {
+  const float d = f16(b), dmin = f16(b + 2);
+  const uint8_t* scales = b + 4;
+  const uint8_t* q = b + 16;
+  for (int j = 0, is = 0; j < 256; j += 64, is += 2) {
+    uint8_t sc, m;
+    scale_min_k4(is, scales, &sc, &m);
+    const float d1 = d * (float)sc, m1 = dmin * (float)m;
+    scale_min_k4(is + 1, scales, &sc, &m);
+    const float d2 = d * (float)sc, m2 = dmin * (float)m;
+    for (int l = 0; l < 32; ++l) y[l] = (float)(q[l] & 0xF) * d1 - m1;
+    for (int l = 0; l < 32; ++l) y[l + 32] = (float)(q[l] >> 4) * d2 - m2;
+    q += 32;
+    y += 64;
+  }
+}
+
+void dq_q5_k(const uint8_t* b, float* y) {
+  const float d = f16(b), dmin = f16(b + 2);
+  const uint8_t* scales = b + 4;
+  const uint8_t* qh = b + 16;
+  const uint8_t* ql = b + 48;
+  uint8_t u1 = 1, u2 = 2;
+  for (int j = 0, is = 0; j < 256; j += 64, is += 2) {
+    uint8_t sc, m;
+    scale_min_k4(is, scales, &sc, &m);
+    const float d1 = d * (float)sc, m1 = dmin * (float)m;
+    scale_min_k4(is + 1, scales, &sc, &m);
+    const float d2 = d * (float)sc, m2 = dmin * (float)m;
+    for (int l = 0; l < 32; ++l)
+      y[l] = (float)((ql[l] & 0xF) + ((qh[l] & u1) ? 16 : 0)) * d1 - m1;
+    for (int l = 0; l < 32; ++l)
+      y[l + 32] = (float)((ql[l] >> 4) + ((qh[l] & u2) ? 16 : 0)) * d2 - m2;
+    ql += 32;
+    y += 64;
+    u1 <<= 2;
+    u2 <<= 2;
+  }
+}
+
+void dq_q6_k(const uint8_t* b, float* y) {
+  const uint8_t* ql = b;
+  const uint8_t* qh = b + 128;
+  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+  const float d = f16(b + 208);
+  for (int n = 0; n < 256; n += 128) {
+    float ds[8];
+    for (int i = 0; i < 8; ++i) ds[i] = d * (float)sc[i];
+    for (int l = 0; l < 32; ++l) {
+      const int is = l / 16;
+      const int q1 = (int)((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+      const int q2 = (int)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+      const int q3 = (int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+      const int q4 = (int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+      y[l] = (float)q1 * ds[is];
+      y[l + 32] = (float)q2 * ds[is + 2];
+      y[l + 64] = (float)q3 * ds[is + 4];
+      y[l + 96] = (float)q4 * ds[is + 6];
+    }
+    y += 128;
+    ql += 64;
+    qh += 32;
+    sc += 8;
+  }
+}
+
+using BlockFn = void (*)(const uint8_t*, float*);
+
+struct TypeInfo {
+  BlockFn fn;
+  int64_t block_size;
+  int64_t type_size;
+};
+
+// Keyed by GGML type id (gguf.constants.GGMLQuantizationType).
+TypeInfo type_info(int64_t qtype) {
+  switch (qtype) {
+    case 2: return {dq_q4_0, 32, 18};
+    case 3: return {dq_q4_1, 32, 20};
+    case 6: return {dq_q5_0, 32, 22};
+    case 7: return {dq_q5_1, 32, 24};
+    case 8: return {dq_q8_0, 32, 34};
+    case 10: return {dq_q2_k, 256, 84};
+    case 11: return {dq_q3_k, 256, 110};
+    case 12: return {dq_q4_k, 256, 144};
+    case 13: return {dq_q5_k, 256, 176};
+    case 14: return {dq_q6_k, 256, 210};
+    default: TORCH_CHECK(false, "GGML type ", qtype, " has no CPU kernel");
+  }
+}
+
+inline void dequant_row(const TypeInfo& t, const uint8_t* row, int64_t num_blocks, float* y) {
+  for (int64_t i = 0; i < num_blocks; ++i) t.fn(row + i * t.type_size, y + i * t.block_size);
+}
+
+// y[m, n] for MB activation rows and NB weight rows; K is a multiple of 32.
+template <int MB, int NB>
+inline void micro(const float* x, int64_t ldx, const float* w, int64_t ldw, int64_t k,
+                  float* y, int64_t ldy) {
+#if defined(__AVX512F__)
+  __m512 acc[MB][NB];
+  for (int i = 0; i < MB; ++i)
+    for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < k; p += 16) {
+    __m512 wv[NB];
+    for (int j = 0; j < NB; ++j) wv[j] = _mm512_loadu_ps(w + j * ldw + p);
+    for (int i = 0; i < MB; ++i) {
+      const __m512 xv = _mm512_loadu_ps(x + i * ldx + p);
+      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MB; ++i)
+    for (int j = 0; j < NB; ++j) y[i * ldy + j] = _mm512_reduce_add_ps(acc[i][j]);
+#else
+  for (int i = 0; i < MB; ++i) {
+    for (int j = 0; j < NB; ++j) {
+      const float* xr = x + i * ldx;
+      const float* wr = w + j * ldw;
+      float lanes[16] = {0};
+      for (int64_t p = 0; p < k; p += 16)
+        for (int l = 0; l < 16; ++l) lanes[l] += xr[p + l] * wr[p + l];
+      float s = 0.f;
+      for (int l = 0; l < 16; ++l) s += lanes[l];
+      y[i * ldy + j] = s;
+    }
+  }
+#endif
+}
+
+template <int MB>
+inline void micro_rows(int nb, const float* x, int64_t ldx, const float* w, int64_t ldw,
+                       int64_t k, float* y, int64_t ldy) {
+  switch (nb) {
+    case 4: micro<MB, 4>(x, ldx, w, ldw, k, y, ldy); break;
+    case 3: micro<MB, 3>(x, ldx, w, ldw, k, y, ldy); break;
+    case 2: micro<MB, 2>(x, ldx, w, ldw, k, y, ldy); break;
+    default: micro<MB, 1>(x, ldx, w, ldw, k, y, ldy); break;
+  }
+}
+
+}  // namespace
+
+// x [M, K] float32 (rows contiguous), raw [N, row_bytes] uint8 contiguous.
+// Returns y [M, N] float32 = x @ dequantize(raw).T.
+torch::Tensor ggml_linear(torch::Tensor x, torch::Tensor raw, int64_t qtype) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.stride(1) == 1);
+  TORCH_CHECK(raw.dim() == 2 && raw.scalar_type() == torch::kUInt8 && raw.is_contiguous());
+  const TypeInfo t = type_info(qtype);
+  const int64_t m = x.size(0), k = x.size(1), n = raw.size(0);
+  TORCH_CHECK(k % t.block_size == 0, "K=", k, " is not a multiple of the block size");
+  const int64_t num_blocks = k / t.block_size;
+  TORCH_CHECK(raw.size(1) == num_blocks * t.type_size, "row bytes do not match K");
+  auto y = torch::empty({m, n}, x.options());
+  if (m == 0 || n == 0) return y;
+  const float* xp = x.data_ptr<float>();
+  const int64_t ldx = x.stride(0);
+  const uint8_t* rp = raw.data_ptr<uint8_t>();
+  const int64_t rb = raw.size(1);
+  float* yp = y.data_ptr<float>();
+  // Weight rows per tile: a multiple of 4 whose float32 buffer stays within ~64 KiB.
+  const int64_t tile = std::max<int64_t>(4, std::min<int64_t>(32, (16384 / k) / 4 * 4));
+  const int64_t num_tiles = (n + tile - 1) / tile;
+  at::parallel_for(0, num_tiles, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(tile * k);
+    std::vector<float> ybuf(4 * tile);
+    for (int64_t ti = begin; ti < end; ++ti) {
+      const int64_t n0 = ti * tile, rows = std::min(tile, n - n0);
+      for (int64_t r = 0; r < rows; ++r)
+        dequant_row(t, rp + (n0 + r) * rb, num_blocks, buf.data() + r * k);
+      for (int64_t i0 = 0; i0 < m; i0 += 4) {
+        const int64_t mb = std::min<int64_t>(4, m - i0);
+        const float* xi = xp + i0 * ldx;
+        for (int64_t j0 = 0; j0 < rows; j0 += 4) {
+          const int nb = (int)std::min<int64_t>(4, rows - j0);
+          const float* wj = buf.data() + j0 * k;
+          float* yo = yp + i0 * n + n0 + j0;
+          switch (mb) {
+            case 4: micro_rows<4>(nb, xi, ldx, wj, k, k, yo, n); break;
+            case 3: micro_rows<3>(nb, xi, ldx, wj, k, k, yo, n); break;
+            case 2: micro_rows<2>(nb, xi, ldx, wj, k, k, yo, n); break;
+            default: micro_rows<1>(nb, xi, ldx, wj, k, k, yo, n); break;
+          }
+        }
+      }
+    }
+  });
+  return y;
+}
+
+// raw [V, row_bytes] uint8 contiguous, ids [T] int64 -> [T, K] float32 (those rows only).
+torch::Tensor ggml_dequantize_rows(torch::Tensor raw, torch::Tensor ids, int64_t qtype) {
+  TORCH_CHECK(raw.dim() == 2 && raw.scalar_type() == torch::kUInt8 && raw.is_contiguous());
+  TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == torch::kInt64);
+  const TypeInfo t = type_info(qtype);
+  const int64_t rb = raw.size(1), v = raw.size(0);
+  TORCH_CHECK(rb % t.type_size == 0, "rows are not whole blocks");
+  const int64_t num_blocks = rb / t.type_size, k = num_blocks * t.block_size;
+  auto idc = ids.contiguous();
+  const int64_t num = idc.size(0);
+  const int64_t* ip = idc.data_ptr<int64_t>();
+  for (int64_t i = 0; i < num; ++i)
+    TORCH_CHECK(ip[i] >= 0 && ip[i] < v, "row id ", ip[i], " out of range [0, ", v, ")");
+  auto y = torch::empty({num, k}, torch::dtype(torch::kFloat32));
+  const uint8_t* rp = raw.data_ptr<uint8_t>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, num, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) dequant_row(t, rp + ip[i] * rb, num_blocks, yp + i * k);
+  });
+  return y;
+}
+"""
+
+# NOTE: no FMA contraction, so the dequantization rounds exactly as ggml/gguf.quants do.
+_CFLAGS = ("-ffp-contract=off",)
+
+
+def kernel() -> Any | None:
+    """The compiled extension, or None where it cannot be built or is turned off."""
+    return load_cpu_extension(
+        "inference_engine_gguf_ggml_matmul_v1", _SOURCE,
+        ["ggml_linear", "ggml_dequantize_rows"],
+        description="the CPU GGML block matmul kernel", extra_cflags=_CFLAGS)
+
+
+def supports(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType) -> bool:
+    """Whether :func:`ggml_linear` handles this call (CPU, float32, a kernel type)."""
+    return (qtype in KERNEL_TYPES and x.device.type == "cpu" and raw.device.type == "cpu"
+            and x.dtype == torch.float32 and raw.dtype == torch.uint8)
+
+
+def ggml_linear(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType) -> torch.Tensor:
+    """``x [M, K] @ dequantize(raw).T`` -> float32 ``[M, N]``; ``raw`` is ``uint8 [N, row_bytes]``.
+
+    Raises:
+        RuntimeError: if the kernel is unavailable (check :func:`kernel` first).
+    """
+    ext = kernel()
+    if ext is None:
+        raise RuntimeError("the CPU GGML block matmul kernel is not available")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    return ext.ggml_linear(x, raw.contiguous(), int(qtype))
+
+
+def dequantize_rows(raw: torch.Tensor, ids: torch.Tensor,
+                    qtype: GGMLQuantizationType) -> torch.Tensor:
+    """Rows ``ids [T]`` of ``raw [V, row_bytes]`` dequantized to float32 ``[T, K]``.
+
+    Raises:
+        RuntimeError: if the kernel is unavailable, or an id is out of range.
+    """
+    ext = kernel()
+    if ext is None:
+        raise RuntimeError("the CPU GGML block matmul kernel is not available")
+    return ext.ggml_dequantize_rows(raw.contiguous(), ids.long(), int(qtype))
