@@ -16,12 +16,20 @@ import os
 import threading
 from typing import Any
 
-__all__ = ["CPU_KERNELS_ENV", "DEFAULT_CFLAGS", "cpu_kernels_enabled", "load_cpu_extension"]
+__all__ = [
+    "CPU_KERNELS_ENV", "DEFAULT_CFLAGS", "DEFAULT_LDFLAGS", "cpu_kernels_enabled",
+    "load_cpu_extension",
+]
 
 logger = logging.getLogger(__name__)
 
 CPU_KERNELS_ENV = "INFERENCE_ENGINE_CPU_KERNELS"
-DEFAULT_CFLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp-simd")
+# -fopenmp makes ``at::parallel_for`` in the kernel actually run on torch's
+# threads (without it the OpenMP pragma in ATen's header is compiled out and
+# the kernel runs on one thread); the ``libgomp.so.1`` it links is the one
+# torch has already loaded.
+DEFAULT_CFLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp")
+DEFAULT_LDFLAGS: tuple[str, ...] = ("-fopenmp",)
 
 _LOCK = threading.Lock()
 _MODULES: dict[str, Any] = {}
@@ -61,6 +69,7 @@ def load_cpu_extension(
                     cpp_sources=[source],
                     functions=functions,
                     extra_cflags=[*DEFAULT_CFLAGS, *extra_cflags],
+                    extra_ldflags=list(DEFAULT_LDFLAGS),
                     verbose=False,
                 )
             except Exception as exc:  # no compiler, no ninja, no headers: the torch path

@@ -82,6 +82,8 @@ def build_twin(model_cls: type, config: Any, tensors: dict[str, torch.Tensor] | 
                 method = getattr(module, "quant_method", None)
                 if method is not None:
                     method.process_weights_after_loading(module)
+                elif hasattr(module, "process_weights_after_loading"):
+                    module.process_weights_after_loading()
     layers = attention_layers(model)
     pool = KVCachePool([layer.kv_cache_spec() for layer in layers], block_size, num_blocks,
                        torch.device("cpu"))

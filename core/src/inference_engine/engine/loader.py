@@ -154,6 +154,8 @@ def load_model(
             method = getattr(module, "quant_method", None)
             if method is not None:
                 method.process_weights_after_loading(module)
+            elif hasattr(module, "process_weights_after_loading"):
+                module.process_weights_after_loading()
         ctx.quant_method.process_model_after_loading(model)
     tokenizer = fmt.load_tokenizer()
     if tokenizer is None:

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inference_engine.layers.cpu_gemv import bf16_gemv_weight, small_batch_linear
+
 __all__ = ["LMHead", "VocabEmbedding"]
 
 
@@ -42,6 +44,14 @@ class LMHead(nn.Module):
             self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype),
                                        requires_grad=False)
 
+        self.gemv_weight: torch.Tensor | None = None
+
+    def process_weights_after_loading(self) -> None:
+        """Keep a bfloat16 copy for decode-sized batches where it is exact (see cpu_gemv)."""
+        self.gemv_weight = bf16_gemv_weight(self.weight.data)
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden [n, hidden]`` -> float32 logits ``[n, vocab]``."""
+        if self.gemv_weight is not None:
+            return small_batch_linear(hidden, self.weight, self.gemv_weight)
         return F.linear(hidden, self.weight).float()

@@ -122,7 +122,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
 def decode_kernel() -> Any | None:
     """The compiled extension module, or None where it cannot be built (logged once)."""
     return load_cpu_extension(
-        "inference_engine_cpu_decode_v5", _SOURCE, ["paged_decode"],
+        "inference_engine_cpu_decode_v6", _SOURCE, ["paged_decode"],
         description="the CPU paged-decode attention kernel", extra_cflags=("-ffast-math",),
     )
 

@@ -1,0 +1,125 @@
+"""The bf16 GEMV kernel against float64 matmuls; a bf16 model through it against transformers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+from inference_engine import LLM, SamplingParams
+from inference_engine.layers.cpu_gemv import (
+    GEMV_MAX_ROWS,
+    bf16_gemv_weight,
+    gemv_kernel,
+    small_batch_linear,
+)
+from inference_engine.testing import make_tiny_model, train_tiny_tokenizer
+from inference_engine.testing_parity import assert_greedy_matches
+
+HAS_AVX512 = "AVX512" in torch.backends.cpu.get_cpu_capability()
+
+needs_kernel = pytest.mark.skipif(not HAS_AVX512, reason="the bf16 GEMV kernel is AVX-512 only")
+
+
+def _error_bound(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The classic float32 dot-product bound: (K + 2) * eps * sum |x_k w_k| (+ |bias|)."""
+    k = x.shape[1]
+    mag = x.abs().double() @ w.abs().double().t()
+    if bias is not None:
+        mag = mag + bias.abs().double()
+    return (k + 2) * torch.finfo(torch.float32).eps * mag + 1e-30
+
+
+@needs_kernel
+def test_kernel_builds_on_avx512():
+    assert gemv_kernel() is not None, "the bf16 GEMV kernel failed to build (see the log)"
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 13, GEMV_MAX_ROWS])
+@pytest.mark.parametrize("n,k", [(64, 512), (13, 40), (515, 96), (7, 1536), (1, 17)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_kernel_matches_float64(rows, n, k, with_bias):
+    gen = torch.Generator().manual_seed(rows * 1000 + n + k)
+    weight = torch.randn(n, k, generator=gen).to(torch.bfloat16).float()
+    x = torch.randn(rows, k, generator=gen)
+    bias = torch.randn(n, generator=gen) if with_bias else None
+    gemv_weight = bf16_gemv_weight(weight)
+    assert gemv_weight is not None and gemv_weight.dtype == torch.bfloat16
+    ours = small_batch_linear(x, weight, gemv_weight, bias)
+    ref = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
+    assert ours.shape == (rows, n) and ours.dtype == torch.float32
+    assert ((ours.double() - ref).abs() <= _error_bound(x, weight, bias)).all()
+
+
+@needs_kernel
+def test_column_major_weight_and_many_rows_use_the_same_values():
+    """The copy is row-major whatever the float32 strides; past the row limit F.linear runs."""
+    weight = torch.randn(48, 64).to(torch.bfloat16).float()
+    column_major = weight.t().contiguous().t()
+    gemv_weight = bf16_gemv_weight(column_major)
+    assert gemv_weight is not None and gemv_weight.is_contiguous()
+    assert torch.equal(gemv_weight.float(), weight)
+    x = torch.randn(GEMV_MAX_ROWS + 5, 64)
+    assert torch.equal(small_batch_linear(x, column_major, gemv_weight), F.linear(x, column_major))
+
+
+def test_no_copy_when_it_would_not_be_exact():
+    assert bf16_gemv_weight(torch.randn(32, 64)) is None  # float32 values that bf16 cannot hold
+    assert bf16_gemv_weight(torch.randn(32, 64).to(torch.bfloat16)) is None  # not a float32 weight
+    assert bf16_gemv_weight(torch.randn(64).to(torch.bfloat16).float()) is None  # not a matrix
+
+
+def test_disabled_kernels_fall_back(monkeypatch):
+    import inference_engine.layers.cpu_gemv as cpu_gemv
+
+    monkeypatch.setattr(cpu_gemv, "gemv_kernel", lambda: None)
+    weight = torch.randn(8, 16).to(torch.bfloat16).float()
+    assert cpu_gemv.bf16_gemv_weight(weight) is None
+    x = torch.randn(2, 16)
+    assert torch.equal(cpu_gemv.small_batch_linear(x, weight, None), F.linear(x, weight))
+
+
+@pytest.fixture(scope="module")
+def bf16_model(tmp_path_factory):
+    """A bfloat16 checkpoint, and transformers running its (exactly widened) float32 weights."""
+    path = make_tiny_model(tmp_path_factory.mktemp("bf16"), "qwen3", dtype=torch.bfloat16,
+                           tokenizer=train_tiny_tokenizer())
+    reference = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    reference.generation_config.eos_token_id = None
+    return path, reference
+
+
+@needs_kernel
+def test_bf16_checkpoint_decodes_through_the_kernel_like_transformers(bf16_model):
+    path, reference = bf16_model
+    llm = LLM(str(path), dtype="float32", show_progress=False, kv_cache_memory=1 << 24)
+    copies = [m for m in llm.engine.model.modules() if getattr(m, "gemv_weight", None) is not None]
+    assert len(copies) >= 2 * 4 + 1, "qkv, o, gate_up, down per layer and the LM head"
+    prompts = ["The quick brown fox", "1 2 3", "Paged attention stores keys and values in blocks"]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    for out in llm.generate(prompts, params):
+        ids = torch.tensor([out.prompt_token_ids])
+        with torch.no_grad():
+            ref = reference.generate(ids, do_sample=False, max_new_tokens=24,
+                                     attention_mask=torch.ones_like(ids))
+        assert_greedy_matches(reference, out.prompt_token_ids, out.outputs[0].token_ids,
+                              ref[0, ids.shape[1]:].tolist())
+
+
+@needs_kernel
+def test_decode_logprobs_through_the_kernel_match_transformers(bf16_model):
+    """Teacher-forced: the engine's log-probs of its own greedy tokens equal transformers'."""
+    path, reference = bf16_model
+    llm = LLM(str(path), dtype="float32", show_progress=False, kv_cache_memory=1 << 24)
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=1)
+    out = llm.generate(["héllo wörld, the quick brown fox"], params)[0]
+    tokens = out.prompt_token_ids + out.outputs[0].token_ids
+    with torch.no_grad():
+        logits = reference(torch.tensor([tokens])).logits[0].double()
+    ref = torch.log_softmax(logits, dim=-1)
+    start = len(out.prompt_token_ids) - 1
+    for i, (token, entry) in enumerate(zip(out.outputs[0].token_ids, out.outputs[0].logprobs,
+                                           strict=True)):
+        ours = entry[token].logprob
+        assert abs(ours - ref[start + i, token].item()) < 1e-4
