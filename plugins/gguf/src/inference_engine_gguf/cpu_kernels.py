@@ -28,7 +28,7 @@ import torch
 from gguf.constants import GGMLQuantizationType
 from inference_engine.cpu_extensions import load_cpu_extension
 
-__all__ = ["KERNEL_TYPES", "dequantize_rows", "ggml_linear", "kernel", "supports"]
+__all__ = ["KERNEL_TYPES", "dequantize", "dequantize_rows", "ggml_linear", "kernel", "supports"]
 
 T = GGMLQuantizationType
 
@@ -36,6 +36,11 @@ T = GGMLQuantizationType
 KERNEL_TYPES: frozenset[GGMLQuantizationType] = frozenset({
     T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
 })
+
+# Activation rows from which dequantize-a-tile + ``F.linear`` beats the fused kernel.
+DENSE_MIN_ROWS = 256
+# Dense values one dequantized tile may hold on that path (16 MiB of float32).
+DENSE_TILE_VALUES = 1 << 22
 
 _SOURCE = r"""
 #include <torch/extension.h>
@@ -140,6 +145,7 @@ void dq_q2_k(const uint8_t* b, float* y) {
         const uint8_t sc = scales[is++];
         const float dl = d * (float)(sc & 0x0F), ml = dmin * (float)(sc >> 4);
         const uint8_t* qq = q + 16 * half;
+        #pragma GCC unroll 1  // fully unrolled, gcc no longer vectorises it
         for (int l = 0; l < 16; ++l) y[l] = (float)((qq[l] >> shift) & 3) * dl - ml;
         y += 16;
       }
@@ -171,6 +177,7 @@ void dq_q3_k(const uint8_t* b, float* y) {
         const float dl = d_all * (float)(scales[is++] - 32);
         const uint8_t* qq = q + 16 * half;
         const uint8_t* hh = hm + 16 * half;
+        #pragma GCC unroll 1  // fully unrolled, gcc no longer vectorises it
         for (int l = 0; l < 16; ++l) {
           const int v = (int)((qq[l] >> shift) & 3) - ((hh[l] & m) ? 0 : 4);
           y[l] = (float)v * dl;
@@ -239,19 +246,27 @@ void dq_q6_k(const uint8_t* b, float* y) {
   const uint8_t* qh = b + 128;
   const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
   const float d = f16(b + 208);
+  // Loops of 16 values sharing one scale, so that they vectorise.
   for (int n = 0; n < 256; n += 128) {
-    float ds[8];
-    for (int i = 0; i < 8; ++i) ds[i] = d * (float)sc[i];
-    for (int l = 0; l < 32; ++l) {
-      const int is = l / 16;
-      const int q1 = (int)((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-      const int q2 = (int)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-      const int q3 = (int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-      const int q4 = (int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-      y[l] = (float)q1 * ds[is];
-      y[l + 32] = (float)q2 * ds[is + 2];
-      y[l + 64] = (float)q3 * ds[is + 4];
-      y[l + 96] = (float)q4 * ds[is + 6];
+    for (int g = 0; g < 2; ++g) {
+      const uint8_t* l0 = ql + 16 * g;
+      const uint8_t* l1 = ql + 32 + 16 * g;
+      const uint8_t* h = qh + 16 * g;
+      const float d1 = d * (float)sc[g], d2 = d * (float)sc[g + 2];
+      const float d3 = d * (float)sc[g + 4], d4 = d * (float)sc[g + 6];
+      float* o = y + 16 * g;
+      #pragma GCC unroll 1  // fully unrolled, gcc no longer vectorises it
+      for (int l = 0; l < 16; ++l)
+        o[l] = (float)((int)((l0[l] & 0xF) | (((h[l] >> 0) & 3) << 4)) - 32) * d1;
+      #pragma GCC unroll 1  // fully unrolled, gcc no longer vectorises it
+      for (int l = 0; l < 16; ++l)
+        o[l + 32] = (float)((int)((l1[l] & 0xF) | (((h[l] >> 2) & 3) << 4)) - 32) * d2;
+      #pragma GCC unroll 1  // fully unrolled, gcc no longer vectorises it
+      for (int l = 0; l < 16; ++l)
+        o[l + 64] = (float)((int)((l0[l] >> 4) | (((h[l] >> 4) & 3) << 4)) - 32) * d3;
+      #pragma GCC unroll 1  // fully unrolled, gcc no longer vectorises it
+      for (int l = 0; l < 16; ++l)
+        o[l + 96] = (float)((int)((l1[l] >> 4) | (((h[l] >> 6) & 3) << 4)) - 32) * d4;
     }
     y += 128;
     ql += 64;
@@ -314,8 +329,10 @@ inline void micro(const float* x, int64_t ldx, const float* w, int64_t ldw, int6
       const float* wr = w + j * ldw;
       float lanes[16] = {0};
       for (int64_t p = 0; p < k; p += 16)
+        #pragma GCC unroll 1  // fully unrolled, gcc no longer vectorises it
         for (int l = 0; l < 16; ++l) lanes[l] += xr[p + l] * wr[p + l];
       float s = 0.f;
+      #pragma GCC unroll 1  // fully unrolled, gcc no longer vectorises it
       for (int l = 0; l < 16; ++l) s += lanes[l];
       y[i * ldy + j] = s;
     }
@@ -404,6 +421,23 @@ torch::Tensor ggml_dequantize_rows(torch::Tensor raw, torch::Tensor ids, int64_t
   });
   return y;
 }
+
+// raw [N, row_bytes] uint8 contiguous -> every row dequantized, [N, K] float32.
+torch::Tensor ggml_dequantize(torch::Tensor raw, int64_t qtype) {
+  TORCH_CHECK(raw.dim() == 2 && raw.scalar_type() == torch::kUInt8 && raw.is_contiguous());
+  const TypeInfo t = type_info(qtype);
+  const int64_t rb = raw.size(1), n = raw.size(0);
+  TORCH_CHECK(rb % t.type_size == 0, "rows are not whole blocks");
+  const int64_t num_blocks = rb / t.type_size, k = num_blocks * t.block_size;
+  auto y = torch::empty({n, k}, torch::dtype(torch::kFloat32));
+  const uint8_t* rp = raw.data_ptr<uint8_t>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, n, std::max<int64_t>(1, 16384 / std::max<int64_t>(k, 1)),
+                   [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) dequant_row(t, rp + i * rb, num_blocks, yp + i * k);
+  });
+  return y;
+}
 """
 
 # NOTE: no FMA contraction, so the dequantization rounds exactly as ggml/gguf.quants do.
@@ -413,8 +447,8 @@ _CFLAGS = ("-ffp-contract=off",)
 def kernel() -> Any | None:
     """The compiled extension, or None where it cannot be built or is turned off."""
     return load_cpu_extension(
-        "inference_engine_gguf_ggml_matmul_v1", _SOURCE,
-        ["ggml_linear", "ggml_dequantize_rows"],
+        "inference_engine_gguf_ggml_matmul_v4", _SOURCE,
+        ["ggml_linear", "ggml_dequantize_rows", "ggml_dequantize"],
         description="the CPU GGML block matmul kernel", extra_cflags=_CFLAGS)
 
 
@@ -425,7 +459,12 @@ def supports(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType) ->
 
 
 def ggml_linear(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType) -> torch.Tensor:
-    """``x [M, K] @ dequantize(raw).T`` -> float32 ``[M, N]``; ``raw`` is ``uint8 [N, row_bytes]``.
+    """``x [..., K] @ dequantize(raw).T`` -> float32 ``[..., N]``, ``raw`` ``uint8 [N, row_bytes]``.
+
+    From :data:`DENSE_MIN_ROWS` activation rows on (prefill), tiles of weight rows
+    are dequantized by the kernel and multiplied by ``F.linear``, whose GEMM
+    beats the kernel's dot products once the dequantization is spread over that
+    many rows.
 
     Raises:
         RuntimeError: if the kernel is unavailable (check :func:`kernel` first).
@@ -433,9 +472,22 @@ def ggml_linear(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType)
     ext = kernel()
     if ext is None:
         raise RuntimeError("the CPU GGML block matmul kernel is not available")
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    return ext.ggml_linear(x, raw.contiguous(), int(qtype))
+    lead, k = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    raw = raw.contiguous()
+    if x2.shape[0] < DENSE_MIN_ROWS:
+        y = ext.ggml_linear(x2, raw, int(qtype))
+    else:
+        n = raw.shape[0]
+        y = x2.new_empty(x2.shape[0], n)
+        tile_rows = max(1, DENSE_TILE_VALUES // max(k, 1))
+        for start in range(0, n, tile_rows):
+            stop = min(n, start + tile_rows)
+            dense = ext.ggml_dequantize(raw[start:stop], int(qtype))  # [rows, K]
+            y[:, start:stop] = torch.mm(x2, dense.t())
+    return y.reshape(*lead, y.shape[-1])
 
 
 def dequantize_rows(raw: torch.Tensor, ids: torch.Tensor,
@@ -449,3 +501,19 @@ def dequantize_rows(raw: torch.Tensor, ids: torch.Tensor,
     if ext is None:
         raise RuntimeError("the CPU GGML block matmul kernel is not available")
     return ext.ggml_dequantize_rows(raw.contiguous(), ids.long(), int(qtype))
+
+
+def dequantize(raw: torch.Tensor, qtype: GGMLQuantizationType) -> torch.Tensor:
+    """Every row of ``raw [..., row_bytes]`` dequantized to float32 ``[..., K]``.
+
+    Bit for bit equal to :func:`inference_engine_gguf.dequant.dequantize`.
+
+    Raises:
+        RuntimeError: if the kernel is unavailable (check :func:`kernel` first).
+    """
+    ext = kernel()
+    if ext is None:
+        raise RuntimeError("the CPU GGML block matmul kernel is not available")
+    lead = raw.shape[:-1]
+    values = ext.ggml_dequantize(raw.reshape(-1, raw.shape[-1]).contiguous(), int(qtype))
+    return values.reshape(*lead, values.shape[-1])

@@ -17,6 +17,7 @@ from gguf.constants import GGMLQuantizationType
 from inference_engine.layers.moe.method import ExpertWeights, FusedMoEMethod, load_expert_part
 from torch import nn
 
+from inference_engine_gguf import cpu_kernels
 from inference_engine_gguf.dequant import dequantize
 from inference_engine_gguf.quant_method import empty_raw
 
@@ -60,6 +61,14 @@ class GGMLFusedMoEMethod(FusedMoEMethod):
 
     def _dense(self, layer: nn.Module) -> ExpertWeights:
         dtype = layer.gguf_dtype
-        gate_up = dequantize(layer.gate_up_proj, self.gate_up_type).to(dtype)
-        down = dequantize(layer.down_proj, self.down_type).to(dtype)
+        gate_up = _dequantize(layer.gate_up_proj, self.gate_up_type).to(dtype)
+        down = _dequantize(layer.down_proj, self.down_type).to(dtype)
         return gate_up, down, None, None
+
+
+def _dequantize(raw: torch.Tensor, qtype: GGMLQuantizationType) -> torch.Tensor:
+    """The C++ dequantization (bit-exact, several times faster) where built, else torch."""
+    if (qtype in cpu_kernels.KERNEL_TYPES and raw.device.type == "cpu"
+            and cpu_kernels.kernel() is not None):
+        return cpu_kernels.dequantize(raw, qtype)
+    return dequantize(raw, qtype)

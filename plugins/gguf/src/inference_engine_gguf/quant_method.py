@@ -28,10 +28,12 @@ import torch
 import torch.nn.functional as F
 from gguf.constants import GGMLQuantizationType
 from inference_engine.builtin.quant.unquantized import UnquantizedMethod
+from inference_engine.cpu_extensions import cpu_kernels_enabled
 from inference_engine.interfaces.quant import QuantMethod
 from inference_engine.layers.weights import STACKED_PARAMS
 from torch import nn
 
+from inference_engine_gguf import cpu_kernels
 from inference_engine_gguf.dequant import dequantize
 from inference_engine_gguf.ggml_types import check_supported, row_bytes
 
@@ -67,6 +69,11 @@ def tiled_linear(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType
                  out: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W.T`` for ``W`` = dequantize(raw), one tile of rows at a time.
 
+    On CPU in float32, block types go to the fused C++ kernel of
+    :mod:`inference_engine_gguf.cpu_kernels` when it is built; otherwise (and
+    for float types, other devices and dtypes) torch dequantizes a tile and
+    ``F.linear`` multiplies it.
+
     Args:
         x: ``[T, K]`` activations in the compute dtype.
         raw: stored rows of W, ``[N, ...]``.
@@ -76,6 +83,9 @@ def tiled_linear(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType
     Returns:
         ``[T, N]`` in ``x.dtype``.
     """
+    if cpu_kernels.supports(x, raw, qtype) and cpu_kernels.kernel() is not None:
+        y = cpu_kernels.ggml_linear(x, raw, qtype)
+        return y if out is None else out.copy_(y)
     n, k = raw.shape[0], x.shape[-1]
     if qtype == T.F32 and x.dtype == torch.float32 and out is None:
         return F.linear(x, raw)
@@ -126,8 +136,15 @@ class GGUFMethod(QuantMethod):
 
     @classmethod
     def kernel_for(cls, platform: Any) -> str:
-        """The same torch path on every platform (no fused dequant-GEMM kernel yet)."""
-        return "torch GGML dequantize (row tiles) + matmul"
+        """The C++ fused block matmul for float32 on CPU (unless turned off), else the torch path.
+
+        Does not build the kernel: a failed build at first use still falls back.
+        """
+        torch_path = "torch GGML dequantize (row tiles) + matmul"
+        if getattr(platform, "device_type", "cpu") == "cpu" and cpu_kernels_enabled():
+            return (f"C++ fused GGML block matmul (float32, built on first use; "
+                    f"else {torch_path})")
+        return torch_path
 
     # ------------------------------------------------------------ preparation
     def create_weights(self, layer: nn.Module, prefix: str, input_size: int,
@@ -292,7 +309,11 @@ class GGMLEmbedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """``input_ids [T]`` -> ``[T, hidden]``."""
-        return _dense(self.gguf_raw.index_select(0, input_ids), self.qtype, self.dtype)
+        raw = self.gguf_raw
+        if (self.qtype in cpu_kernels.KERNEL_TYPES and raw.device.type == "cpu"
+                and input_ids.dim() == 1 and cpu_kernels.kernel() is not None):
+            return cpu_kernels.dequantize_rows(raw, input_ids, self.qtype).to(self.dtype)
+        return _dense(raw.index_select(0, input_ids), self.qtype, self.dtype)
 
     def extra_repr(self) -> str:
         return f"vocab={self.vocab_size}, type={self.qtype.name}"
