@@ -1,0 +1,143 @@
+"""The C++ GGML block kernel against the torch reference (dequant.py + torch matmul)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from inference_engine import cpu_extensions
+from inference_engine_gguf import cpu_kernels, quant_method
+from inference_engine_gguf.dequant import dequantize
+from inference_engine_gguf.quant_method import GGMLEmbedding, tiled_linear
+
+T = GGMLQuantizationType
+KERNEL_TYPES = sorted(cpu_kernels.KERNEL_TYPES)
+
+requires_kernel = pytest.mark.skipif(
+    cpu_kernels.kernel() is None, reason="the C++ GGML kernel could not be built here")
+
+
+# Byte ranges of each block type that hold float16 scales (kept finite and small).
+F16_FIELDS = {
+    T.Q4_0: [(0, 2)], T.Q4_1: [(0, 4)], T.Q5_0: [(0, 2)], T.Q5_1: [(0, 4)], T.Q8_0: [(0, 2)],
+    T.Q2_K: [(80, 84)], T.Q3_K: [(108, 110)], T.Q4_K: [(0, 4)], T.Q5_K: [(0, 4)],
+    T.Q6_K: [(208, 210)],
+}
+
+
+def make_raw(qtype: GGMLQuantizationType, rows: int, blocks_per_row: int,
+             seed: int) -> torch.Tensor:
+    """Random GGML rows ``uint8 [rows, row_bytes]``: random bytes, finite float16 scales."""
+    rng = np.random.default_rng(seed)
+    type_size = GGML_QUANT_SIZES[qtype][1]
+    raw = rng.integers(0, 256, size=(rows, blocks_per_row, type_size), dtype=np.uint8)
+    for start, end in F16_FIELDS[qtype]:
+        scales = rng.standard_normal((rows, blocks_per_row, (end - start) // 2)) * 1e-2
+        raw[..., start:end] = scales.astype(np.float16).view(np.uint8)
+    return torch.from_numpy(raw.reshape(rows, blocks_per_row * type_size))
+
+
+def assert_close_to_reference(ours: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
+    """Within float32 accumulation error of ``x @ w.T`` (computed in float64)."""
+    ref = (x.double() @ w.double().T)
+    bound = (x.double().abs() @ w.double().abs().T) * (x.shape[-1] * 2**-23) + 1e-30
+    assert ours.dtype == torch.float32 and ours.shape == ref.shape
+    excess = ((ours.double() - ref).abs() / bound).max().item()
+    assert excess <= 1.0, f"error {excess:.2f}x the float32 accumulation bound"
+
+
+@requires_kernel
+@pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("m", [1, 3, 16, 37])
+def test_linear_matches_torch_reference(qtype, m):
+    block_size = GGML_QUANT_SIZES[qtype][0]
+    # N = 37 is not a multiple of the 4-row micro tile nor of the kernel's row tile;
+    # 3 blocks per row make K = 96 or 768.
+    raw = make_raw(qtype, rows=37, blocks_per_row=3, seed=int(qtype) + m)
+    w = dequantize(raw, qtype)
+    x = torch.randn(m, 3 * block_size, generator=torch.Generator().manual_seed(m))
+    ours = cpu_kernels.ggml_linear(x, raw, qtype)
+    assert_close_to_reference(ours, x, w)
+    torch.testing.assert_close(ours, x @ w.T, rtol=1e-5, atol=1e-5 * w.abs().max().item())
+
+
+@requires_kernel
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
+def test_linear_many_rows_and_long_rows(qtype):
+    """Many output rows (several row tiles per thread), K = 4096 (a tile of 4 rows),
+    and M past DENSE_MIN_ROWS (the dequantize + GEMM path)."""
+    block_size = GGML_QUANT_SIZES[qtype][0]
+    raw = make_raw(qtype, rows=203, blocks_per_row=4096 // block_size, seed=7)
+    w = dequantize(raw, qtype)
+    gen = torch.Generator().manual_seed(0)
+    for m in (5, cpu_kernels.DENSE_MIN_ROWS + 3):
+        x = torch.randn(m, 4096, generator=gen)
+        assert_close_to_reference(cpu_kernels.ggml_linear(x, raw, qtype), x, w)
+
+
+@requires_kernel
+def test_linear_takes_strided_and_batched_activations():
+    raw = make_raw(T.Q4_K, rows=9, blocks_per_row=2, seed=3)
+    w = dequantize(raw, T.Q4_K)
+    x = torch.randn(2, 3, 1024)[..., :512]  # rows strided, last dim contiguous
+    ours = cpu_kernels.ggml_linear(x, raw, T.Q4_K)
+    assert ours.shape == (2, 3, 9)
+    assert_close_to_reference(ours.reshape(6, 9), x.reshape(6, 512), w)
+
+
+@requires_kernel
+@pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
+def test_dequantize_is_bit_exact(qtype):
+    raw = make_raw(qtype, rows=11, blocks_per_row=2, seed=int(qtype))
+    ref = dequantize(raw, qtype)
+    assert torch.equal(cpu_kernels.dequantize(raw, qtype).view(torch.int32), ref.view(torch.int32))
+    ids = torch.tensor([10, 0, 4, 4])
+    rows = cpu_kernels.dequantize_rows(raw, ids, qtype)
+    assert torch.equal(rows.view(torch.int32), ref[ids].view(torch.int32))
+
+
+@requires_kernel
+def test_dequantize_rows_rejects_out_of_range_ids():
+    raw = make_raw(T.Q8_0, rows=4, blocks_per_row=1, seed=0)
+    with pytest.raises(RuntimeError, match="out of range"):
+        cpu_kernels.dequantize_rows(raw, torch.tensor([4]), T.Q8_0)
+
+
+@requires_kernel
+def test_tiled_linear_uses_the_kernel_for_float32_on_cpu(monkeypatch):
+    raw = make_raw(T.Q4_K, rows=5, blocks_per_row=1, seed=1)
+    x = torch.randn(2, 256)
+    calls = []
+    real = cpu_kernels.ggml_linear
+    monkeypatch.setattr(cpu_kernels, "ggml_linear", lambda *a: calls.append(1) or real(*a))
+    tiled_linear(x, raw, T.Q4_K)
+    assert calls == [1]
+    tiled_linear(x.to(torch.bfloat16), raw, T.Q4_K)  # not float32: the torch path
+    assert calls == [1]
+
+
+def test_torch_path_when_kernels_are_disabled(monkeypatch):
+    """With INFERENCE_ENGINE_CPU_KERNELS=0 the kernel is None and every caller uses torch."""
+    monkeypatch.setenv(cpu_extensions.CPU_KERNELS_ENV, "0")
+    monkeypatch.setattr(cpu_extensions, "_MODULES", {})
+    assert cpu_kernels.kernel() is None
+    with pytest.raises(RuntimeError, match="not available"):
+        cpu_kernels.ggml_linear(torch.zeros(1, 256), make_raw(T.Q4_K, 1, 1, 0), T.Q4_K)
+    monkeypatch.setattr(quant_method, "dequantize",
+                        _counting(quant_method.dequantize, calls := []))
+    raw = make_raw(T.Q6_K, rows=6, blocks_per_row=1, seed=2)
+    x = torch.randn(3, 256)
+    y = tiled_linear(x, raw, T.Q6_K)
+    assert calls, "the torch dequantization was not used"
+    torch.testing.assert_close(y, x @ dequantize(raw, T.Q6_K).T)
+    embed = GGMLEmbedding(raw, T.Q6_K, torch.float32)
+    out = embed(torch.tensor([5, 1]))
+    assert torch.equal(out, dequantize(raw, T.Q6_K)[[5, 1]])
+
+
+def _counting(fn, calls):
+    def wrapped(*args, **kwargs):
+        calls.append(1)
+        return fn(*args, **kwargs)
+    return wrapped
