@@ -46,6 +46,7 @@ _SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -373,10 +374,14 @@ torch::Tensor ggml_linear(torch::Tensor x, torch::Tensor raw, int64_t qtype) {
   // Weight rows per tile: a multiple of 4 whose float32 buffer stays within ~64 KiB.
   const int64_t tile = std::max<int64_t>(4, std::min<int64_t>(32, (16384 / k) / 4 * 4));
   const int64_t num_tiles = (n + tile - 1) / tile;
-  at::parallel_for(0, num_tiles, 1, [&](int64_t begin, int64_t end) {
+  // Tiles are handed out from a shared counter rather than split evenly up
+  // front: on a busy machine a thread that starts late (or is descheduled)
+  // takes fewer tiles instead of holding up the others at the barrier.
+  std::atomic<int64_t> next_tile{0};
+  const int64_t num_tasks = std::min<int64_t>(at::get_num_threads(), num_tiles);
+  at::parallel_for(0, num_tasks, 1, [&](int64_t, int64_t) {
     std::vector<float> buf(tile * k);
-    std::vector<float> ybuf(4 * tile);
-    for (int64_t ti = begin; ti < end; ++ti) {
+    for (int64_t ti = next_tile.fetch_add(1); ti < num_tiles; ti = next_tile.fetch_add(1)) {
       const int64_t n0 = ti * tile, rows = std::min(tile, n - n0);
       for (int64_t r = 0; r < rows; ++r)
         dequant_row(t, rp + (n0 + r) * rb, num_blocks, buf.data() + r * k);
@@ -447,7 +452,7 @@ _CFLAGS = ("-ffp-contract=off",)
 def kernel() -> Any | None:
     """The compiled extension, or None where it cannot be built or is turned off."""
     return load_cpu_extension(
-        "inference_engine_gguf_ggml_matmul_v4", _SOURCE,
+        "inference_engine_gguf_ggml_matmul_v5", _SOURCE,
         ["ggml_linear", "ggml_dequantize_rows", "ggml_dequantize"],
         description="the CPU GGML block matmul kernel", extra_cflags=_CFLAGS)
 
