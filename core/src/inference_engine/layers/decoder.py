@@ -20,6 +20,7 @@ from torch import nn
 from inference_engine.interfaces.attention import AttentionMetadata
 from inference_engine.interfaces.model import CausalLM, ModelContext
 from inference_engine.layers.attention import Attention
+from inference_engine.layers.cpu_fused import fused_rms_norm
 from inference_engine.layers.embedding import LMHead, VocabEmbedding
 from inference_engine.layers.linear import QKVParallelLinear, RowLinear
 from inference_engine.layers.mlp import GatedMLP
@@ -108,6 +109,9 @@ class DecoderAttention(nn.Module):
             self.k_norm = RMSNorm(k_width, cfg.rms_norm_eps, ctx.dtype)
         else:
             self.q_norm = self.k_norm = None
+        # Per-head q/k norm weights stacked per head ([heads + kv_heads, head_dim]),
+        # made after loading, so the fused CPU norm does all heads in one call.
+        self.qk_norm_weight: torch.Tensor | None = None
         layer_types = getattr(cfg, "layer_types", None)
         sliding = None
         if layer_types is not None and layer_types[layer_idx] == "sliding_attention":
@@ -117,6 +121,14 @@ class DecoderAttention(nn.Module):
                                    requires_grad=False) if opts.attention_sinks else None)
         self.attn = Attention(ctx, self.num_heads, self.head_dim, self.num_kv_heads,
                               scale, f"{prefix}.attn", sliding_window=sliding, sinks=self.sinks)
+
+    def process_weights_after_loading(self) -> None:
+        """Stack the per-head q/k norm weights (see ``qk_norm_weight``)."""
+        if self.q_norm is None or not self.qk_norm_per_head:
+            return
+        q_w, k_w = self.q_norm.weight.data, self.k_norm.weight.data
+        self.qk_norm_weight = torch.cat((q_w.expand(self.num_heads, -1),
+                                         k_w.expand(self.num_kv_heads, -1))).contiguous()
 
     def forward(self, hidden: torch.Tensor, rope: RotaryTable,
                 metadata: AttentionMetadata) -> torch.Tensor:
@@ -132,7 +144,11 @@ class DecoderAttention(nn.Module):
             qk = torch.cat((q_normed, k_normed), dim=1).view(t, -1, self.head_dim)
         else:
             qk = qkv[:, :qk_end].view(t, h + self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.qk_norm_per_head:
+        fused = (fused_rms_norm(qk, self.qk_norm_weight, self.q_norm.eps)
+                 if self.qk_norm_weight is not None else None)
+        if fused is not None:
+            qk = fused[0]
+        elif self.q_norm is not None and self.qk_norm_per_head:
             qk = rms_normalize(qk, self.q_norm.eps)
             qk[:, :h].mul_(self.q_norm.weight)
             qk[:, h:].mul_(self.k_norm.weight)

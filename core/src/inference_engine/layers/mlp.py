@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inference_engine.interfaces.model import ModelContext
+from inference_engine.layers.cpu_fused import fused_silu_and_mul
 from inference_engine.layers.linear import MergedColumnLinear, RowLinear
 
 __all__ = ["GatedMLP"]
@@ -42,6 +43,10 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [T, hidden]`` -> ``[T, hidden]``."""
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        fused = fused_silu_and_mul(gate_up)
+        if fused is not None:  # float32 on CPU: one call
+            return self.down_proj(fused)
+        gate, up = gate_up.chunk(2, dim=-1)
         # gate_up is a fresh buffer: activate the gate half in place.
         return self.down_proj(F.silu(gate, inplace=True) * up)

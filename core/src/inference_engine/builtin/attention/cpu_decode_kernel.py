@@ -62,7 +62,12 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   const int64_t rows = kvh * g;
   const int64_t split = n < 2 * at::get_num_threads() ? kvh : 1;
   const int64_t heads_per_task = kvh / split;
-  at::parallel_for(0, n * split, 1, [&](int64_t begin, int64_t end) {
+  // Waking the other threads costs more than a short decode takes (batch 1,
+  // short contexts): below ~256K multiply-adds, stay on the calling thread.
+  int64_t total = 0;
+  for (int64_t s = 0; s < n; ++s) total += lp[s];
+  const int64_t grain = total * rows * d * 2 < (int64_t{1} << 18) ? n * split : 1;
+  at::parallel_for(0, n * split, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     std::vector<float> acc;
     for (int64_t task = begin; task < end; ++task) {
@@ -122,7 +127,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
 def decode_kernel() -> Any | None:
     """The compiled extension module, or None where it cannot be built (logged once)."""
     return load_cpu_extension(
-        "inference_engine_cpu_decode_v6", _SOURCE, ["paged_decode"],
+        "inference_engine_cpu_decode_v7", _SOURCE, ["paged_decode"],
         description="the CPU paged-decode attention kernel", extra_cflags=("-ffast-math",),
     )
 
