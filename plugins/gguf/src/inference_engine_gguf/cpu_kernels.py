@@ -276,6 +276,98 @@ void dq_q6_k(const uint8_t* b, float* y) {
   }
 }
 
+#if defined(__AVX512F__) && defined(__AVX2__)
+// AVX-512 versions of the hot types (what a Q4_K_M file holds, and Q8_0/Q4_0).
+// Same operations as the scalar loops above (int -> float, one multiply, one
+// subtract, no FMA), so the values are bit-identical; gcc does not vectorise
+// those loops well (bytes widened to floats, short trip counts).
+#define GGML_SIMD_DEQUANT 1
+
+// 16 bytes (unsigned or signed) -> 16 floats: q * scale [- offset].
+inline void put_u8(float* y, __m128i q, __m512 scale) {
+  _mm512_storeu_ps(y, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), scale));
+}
+inline void put_u8(float* y, __m128i q, __m512 scale, __m512 offset) {
+  const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), scale);
+  _mm512_storeu_ps(y, _mm512_sub_ps(v, offset));
+}
+inline void put_i8(float* y, __m128i q, __m512 scale) {
+  _mm512_storeu_ps(y, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), scale));
+}
+
+void dq_q4_k_simd(const uint8_t* b, float* y) {
+  const float d = f16(b), dmin = f16(b + 2);
+  const uint8_t* scales = b + 4;
+  const uint8_t* q = b + 16;
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  for (int j = 0, is = 0; j < 256; j += 64, is += 2) {
+    uint8_t sc, m;
+    scale_min_k4(is, scales, &sc, &m);
+    const __m512 d1 = _mm512_set1_ps(d * (float)sc), m1 = _mm512_set1_ps(dmin * (float)m);
+    scale_min_k4(is + 1, scales, &sc, &m);
+    const __m512 d2 = _mm512_set1_ps(d * (float)sc), m2 = _mm512_set1_ps(dmin * (float)m);
+    const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+    const __m256i lo = _mm256_and_si256(qb, low);
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qb, 4), low);
+    put_u8(y, _mm256_castsi256_si128(lo), d1, m1);
+    put_u8(y + 16, _mm256_extracti128_si256(lo, 1), d1, m1);
+    put_u8(y + 32, _mm256_castsi256_si128(hi), d2, m2);
+    put_u8(y + 48, _mm256_extracti128_si256(hi, 1), d2, m2);
+    q += 32;
+    y += 64;
+  }
+}
+
+void dq_q6_k_simd(const uint8_t* b, float* y) {
+  const uint8_t* ql = b;
+  const uint8_t* qh = b + 128;
+  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+  const float d = f16(b + 208);
+  const __m128i low = _mm_set1_epi8(0x0F), two = _mm_set1_epi8(0x03), off = _mm_set1_epi8(32);
+  for (int n = 0; n < 256; n += 128) {
+    for (int g = 0; g < 2; ++g) {
+      const __m128i l0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(ql + 16 * g));
+      const __m128i l1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(ql + 32 + 16 * g));
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qh + 16 * g));
+      // (high two bits << 4) for each of the four groups, bytewise.
+      const __m128i h1 = _mm_slli_epi16(_mm_and_si128(h, two), 4);
+      const __m128i h2 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 2), two), 4);
+      const __m128i h3 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 4), two), 4);
+      const __m128i h4 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, 6), two), 4);
+      const __m128i q1 = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(l0, low), h1), off);
+      const __m128i q2 = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(l1, low), h2), off);
+      const __m128i q3 = _mm_sub_epi8(
+          _mm_or_si128(_mm_and_si128(_mm_srli_epi16(l0, 4), low), h3), off);
+      const __m128i q4 = _mm_sub_epi8(
+          _mm_or_si128(_mm_and_si128(_mm_srli_epi16(l1, 4), low), h4), off);
+      float* o = y + 16 * g;
+      put_i8(o, q1, _mm512_set1_ps(d * (float)sc[g]));
+      put_i8(o + 32, q2, _mm512_set1_ps(d * (float)sc[g + 2]));
+      put_i8(o + 64, q3, _mm512_set1_ps(d * (float)sc[g + 4]));
+      put_i8(o + 96, q4, _mm512_set1_ps(d * (float)sc[g + 6]));
+    }
+    y += 128;
+    ql += 64;
+    qh += 32;
+    sc += 8;
+  }
+}
+
+void dq_q8_0_simd(const uint8_t* b, float* y) {
+  const __m512 d = _mm512_set1_ps(f16(b));
+  put_i8(y, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)), d);
+  put_i8(y + 16, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18)), d);
+}
+
+void dq_q4_0_simd(const uint8_t* b, float* y) {
+  const __m512 d = _mm512_set1_ps(f16(b));
+  const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
+  const __m128i low = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+  put_i8(y, _mm_sub_epi8(_mm_and_si128(qs, low), eight), d);
+  put_i8(y + 16, _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(qs, 4), low), eight), d);
+}
+#endif
+
 using BlockFn = void (*)(const uint8_t*, float*);
 
 struct TypeInfo {
@@ -286,6 +378,15 @@ struct TypeInfo {
 
 // Keyed by GGML type id (gguf.constants.GGMLQuantizationType).
 TypeInfo type_info(int64_t qtype) {
+#if defined(GGML_SIMD_DEQUANT)
+  switch (qtype) {
+    case 2: return {dq_q4_0_simd, 32, 18};
+    case 8: return {dq_q8_0_simd, 32, 34};
+    case 12: return {dq_q4_k_simd, 256, 144};
+    case 14: return {dq_q6_k_simd, 256, 210};
+    default: break;
+  }
+#endif
   switch (qtype) {
     case 2: return {dq_q4_0, 32, 18};
     case 3: return {dq_q4_1, 32, 20};
@@ -452,7 +553,7 @@ _CFLAGS = ("-ffp-contract=off",)
 def kernel() -> Any | None:
     """The compiled extension, or None where it cannot be built or is turned off."""
     return load_cpu_extension(
-        "inference_engine_gguf_ggml_matmul_v5", _SOURCE,
+        "inference_engine_gguf_ggml_matmul_v7", _SOURCE,
         ["ggml_linear", "ggml_dequantize_rows", "ggml_dequantize"],
         description="the CPU GGML block matmul kernel", extra_cflags=_CFLAGS)
 
