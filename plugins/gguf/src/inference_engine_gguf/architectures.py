@@ -1,21 +1,36 @@
-"""From GGUF metadata and GGML tensor names to a Hugging Face config and checkpoint names.
+"""From GGUF metadata to a Hugging Face config: one entry per ``general.architecture``.
 
-llama.cpp names hyper-parameters ``{arch}.attention.head_count`` and tensors
-``blk.N.attn_q.weight``; the engine's models are built from a transformers
-config and load tensors by transformers names. This module holds both
-translations, one table per direction, and the one layout change llama.cpp's
-converter makes: for ``llama`` it permutes the rows of ``attn_q``/``attn_k``
-from transformers' rotate-half order to the interleaved order GGML's rope uses.
+llama.cpp names hyper-parameters ``{arch}.attention.head_count`` and writes
+only what its own graph needs; the engine's models are built from a
+transformers config. :data:`ARCHITECTURES` says which registered model each
+GGUF architecture becomes and how its tensors are named there
+(:mod:`inference_engine_gguf.tensor_names`); :func:`build_hf_config` reads the
+common keys and then the architecture's own ones (experts, routing, MLA ranks,
+Granite's multipliers, sliding windows), always from metadata, never from
+the file name.
+
+What llama.cpp's converter (``convert_hf_to_gguf.py``) changes on the way in,
+and is undone here or in the weight format:
+
+- ``llama`` and ``granitemoe``: q/k rows permuted from rotate-half to
+  interleaved pairs (:func:`~inference_engine_gguf.tensor_names.unpermute_rows`).
+- ``deepseek2``: MLA written as MQA: ``head_count_kv`` is 1 and
+  ``key_length``/``value_length`` are the latent sizes (the per-head sizes are
+  ``key_length_mla``/``value_length_mla``); ``kv_b_proj`` split into
+  ``attn_k_b`` (transposed) and ``attn_v_b``.
+- ``glm4moe``: ``block_count`` counts the next-token-prediction (MTP) layers too.
+- ``gpt-oss``: no ``layer_types``; llama.cpp hard-codes sliding-window attention
+  on even layers, and the SwiGLU clamp (alpha 1.702, limit 7.0).
 """
 
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-import torch
+from gguf.constants import ExpertGatingFuncType
 
 from inference_engine_gguf.gguf_file import GGUFFile, GGUFFileError
 
@@ -25,13 +40,37 @@ __all__ = [
     "UnknownArchitectureError",
     "architecture_spec",
     "build_hf_config",
-    "hf_tensor_names",
-    "unpermute_rows",
 ]
 
 
 class UnknownArchitectureError(ValueError):
     """``general.architecture`` names an architecture this plugin cannot map."""
+
+
+class _Meta:
+    """``{arch}.name`` metadata of one file, with defaults and required keys."""
+
+    def __init__(self, gguf: GGUFFile) -> None:
+        self.gguf = gguf
+        self.arch = gguf.architecture
+
+    def key(self, name: str, default: Any = None) -> Any:
+        value = self.gguf.get(f"{self.arch}.{name}", default)
+        return value[0] if isinstance(value, list) and name.endswith("_length") else value
+
+    def need(self, name: str) -> Any:
+        return self.gguf.require(f"{self.arch}.{name}")
+
+    def has_tensor(self, name: str) -> bool:
+        return name in self.gguf.tensors
+
+    def unsupported(self, what: str) -> GGUFFileError:
+        return GGUFFileError(f"{self.gguf.path}: {what} is not supported")
+
+
+# Reads an architecture's own hyper-parameters into the config dict (already holding
+# the common ones).
+HParamReader = Callable[[_Meta, dict[str, Any]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,15 +82,176 @@ class ArchitectureSpec:
     hf_architecture: str
     # Whether llama.cpp's converter permuted q/k rows (llama-style rope).
     permutes_qk: bool = False
-    # Mixture-of-experts hyper-parameters are read.
-    is_moe: bool = False
+    # The MLP's module name in the model's checkpoints ("mlp" or "block_sparse_moe").
+    mlp_name: str = "mlp"
+    # The MoE router projection's module name under the MLP ("gate"; gpt-oss "router").
+    gate_name: str = "gate"
+    # Per-expert checkpoint names of (gate, up, down): transformers' or Mixtral's w1/w3/w2.
+    expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    # Where ``exp_probs_b`` (the routing correction bias) lives: "gate", "block" or None.
+    correction_bias: str | None = None
+    # The architecture's own hyper-parameters (experts, routing, ...).
+    read_hparams: HParamReader | None = field(default=None, compare=False)
+
+
+def _gating(meta: _Meta, default: ExpertGatingFuncType,
+            allowed: ExpertGatingFuncType) -> None:
+    """Refuse a gating function the registered model does not implement."""
+    value = meta.key("expert_gating_func")
+    gating = ExpertGatingFuncType(int(value)) if value is not None else default
+    if gating != allowed:
+        raise meta.unsupported(
+            f"expert gating {gating.name.lower()} for {meta.arch} (the registered model "
+            f"routes with {allowed.name.lower()})")
+
+
+def _groups(meta: _Meta) -> tuple[int, int]:
+    return int(meta.key("expert_group_count", 1) or 1), int(
+        meta.key("expert_group_used_count", 1) or 1)
+
+
+def _qwen3moe(meta: _Meta, config: dict[str, Any]) -> None:
+    """Every layer sparse, as llama.cpp's qwen3moe graph builds it."""
+    config.update(
+        num_experts=int(meta.need("expert_count")),
+        num_experts_per_tok=int(meta.need("expert_used_count")),
+        moe_intermediate_size=int(meta.need("expert_feed_forward_length")),
+        # llama.cpp's qwen3moe graph renormalises the top-k routing weights.
+        norm_topk_prob=bool(meta.key("expert_weights_norm", True)),
+        decoder_sparse_step=1, mlp_only_layers=[])
+
+
+def _granitemoe(meta: _Meta, config: dict[str, Any]) -> None:
+    """Experts as wide as ``feed_forward_length``; Granite's four multipliers."""
+    if meta.key("expert_shared_feed_forward_length") is not None:
+        raise meta.unsupported("a GraniteMoeShared model (shared experts)")
+    # llama.cpp uses 1/sqrt(head_dim) when the file has no attention scale;
+    # transformers' GraniteMoe always multiplies by attention_multiplier.
+    head_dim = config["head_dim"]
+    config.update(
+        num_local_experts=int(meta.need("expert_count")),
+        num_experts_per_tok=int(meta.need("expert_used_count")),
+        embedding_multiplier=float(meta.key("embedding_scale", 1.0)),
+        residual_multiplier=float(meta.key("residual_scale", 1.0)),
+        attention_multiplier=float(meta.key("attention.scale", head_dim**-0.5)),
+        logits_scaling=float(meta.key("logit_scale", 1.0)))
+
+
+def _deepseek2(meta: _Meta, config: dict[str, Any]) -> None:
+    """MLA sizes from the ``*_mla`` keys (or the older per-head ``key_length``)."""
+    _gating(meta, ExpertGatingFuncType.SOFTMAX, ExpertGatingFuncType.SOFTMAX)
+    if any(name.endswith(".exp_probs_b.bias") for name in meta.gguf.tensors):
+        raise meta.unsupported("a DeepSeek-V3-style routing correction bias (exp_probs_b)")
+    heads = config["num_attention_heads"]
+    rope = int(meta.need("rope.dimension_count"))
+    key_mla = meta.key("attention.key_length_mla")
+    if key_mla is not None:  # current converter: key_length is the latent + rope width
+        nope, v_dim = int(key_mla) - rope, int(meta.need("attention.value_length_mla"))
+    else:  # older files store kv_b whole and the per-head sizes in key/value_length
+        nope, v_dim = int(meta.need("attention.key_length")) - rope, int(
+            meta.need("attention.value_length"))
+    q_lora = meta.key("attention.q_lora_rank")
+    groups, groups_used = _groups(meta)
+    config.update(
+        # MLA: transformers expects as many KV heads as heads (llama.cpp writes 1).
+        num_key_value_heads=heads,
+        kv_lora_rank=int(meta.need("attention.kv_lora_rank")),
+        q_lora_rank=int(q_lora) if q_lora else None,
+        qk_rope_head_dim=rope, qk_nope_head_dim=nope, v_head_dim=v_dim,
+        qk_head_dim=nope + rope, head_dim=rope,
+        n_routed_experts=int(meta.need("expert_count")),
+        num_experts_per_tok=int(meta.need("expert_used_count")),
+        moe_intermediate_size=int(meta.need("expert_feed_forward_length")),
+        n_shared_experts=int(meta.key("expert_shared_count", 0)),
+        first_k_dense_replace=int(meta.key("leading_dense_block_count", 0)),
+        routed_scaling_factor=float(meta.key("expert_weights_scale", 1.0)),
+        norm_topk_prob=bool(meta.key("expert_weights_norm", False)),
+        n_group=groups, topk_group=groups_used,
+        topk_method="group_limited_greedy" if groups > 1 else "greedy",
+        attention_bias=False)
+    log_mul = meta.key("rope.scaling.yarn_log_multiplier")
+    scaling = config.get("rope_scaling")
+    if scaling is not None and scaling["rope_type"] == "yarn" and log_mul:
+        # The converter writes 0.1 * mscale_all_dim; released V2 configs set mscale equal.
+        scaling["mscale_all_dim"] = scaling["mscale"] = float(log_mul) / 0.1
+
+
+def _glm4moe(meta: _Meta, config: dict[str, Any]) -> None:
+    """Partial rotary from ``rope.dimension_count``; MTP layers are not part of the model."""
+    _gating(meta, ExpertGatingFuncType.SIGMOID, ExpertGatingFuncType.SIGMOID)
+    nextn = int(meta.key("nextn_predict_layers", 0))
+    groups, groups_used = _groups(meta)
+    config.update(
+        num_hidden_layers=config["num_hidden_layers"] - nextn,
+        num_nextn_predict_layers=nextn,
+        partial_rotary_factor=_rotary_fraction(meta, config),
+        n_routed_experts=int(meta.need("expert_count")),
+        num_experts_per_tok=int(meta.need("expert_used_count")),
+        moe_intermediate_size=int(meta.need("expert_feed_forward_length")),
+        n_shared_experts=int(meta.key("expert_shared_count", 0)),
+        first_k_dense_replace=int(meta.key("leading_dense_block_count", 0)),
+        routed_scaling_factor=float(meta.key("expert_weights_scale", 1.0)),
+        norm_topk_prob=bool(meta.key("expert_weights_norm", False)),
+        n_group=groups, topk_group=groups_used,
+        use_qk_norm=meta.has_tensor("blk.0.attn_q_norm.weight"),
+        attention_bias=meta.has_tensor("blk.0.attn_q.bias"))
+
+
+def _minimax_m2(meta: _Meta, config: dict[str, Any]) -> None:
+    """Every layer sparse; partial rotary from ``rope.dimension_count``."""
+    _gating(meta, ExpertGatingFuncType.SIGMOID, ExpertGatingFuncType.SIGMOID)
+    rotary = int(meta.key("rope.dimension_count", config["head_dim"]))
+    config.update(
+        num_local_experts=int(meta.need("expert_count")),
+        num_experts_per_tok=int(meta.need("expert_used_count")),
+        intermediate_size=int(meta.need("expert_feed_forward_length")),
+        rotary_dim=rotary, partial_rotary_factor=rotary / config["head_dim"])
+
+
+def _gpt_oss(meta: _Meta, config: dict[str, Any]) -> None:
+    """Sliding window on even layers (llama.cpp's pattern 2); YaRN without truncation."""
+    layers = config["num_hidden_layers"]
+    pattern = meta.key("attention.sliding_window_pattern", 2)
+    if isinstance(pattern, list):
+        sliding = [bool(p) for p in pattern]
+    else:
+        pattern = int(pattern)
+        sliding = [pattern == 0 or i % pattern < pattern - 1 for i in range(layers)]
+    config.update(
+        num_local_experts=int(meta.need("expert_count")),
+        num_experts_per_tok=int(meta.need("expert_used_count")),
+        intermediate_size=int(meta.need("expert_feed_forward_length")),
+        sliding_window=int(meta.need("attention.sliding_window")),
+        layer_types=["sliding_attention" if s else "full_attention" for s in sliding],
+        attention_bias=meta.has_tensor("blk.0.attn_q.bias"),
+        # Hard-coded in llama.cpp's gpt-oss graph too; the file has no keys for them.
+        swiglu_alpha=1.702, swiglu_limit=7.0)
+    scaling = config.get("rope_scaling")
+    if scaling is not None and scaling["rope_type"] == "yarn":
+        # gpt-oss's reference YaRN does not round the correction range (llama.cpp does).
+        scaling["truncate"] = False
+
+
+def _rotary_fraction(meta: _Meta, config: dict[str, Any]) -> float:
+    return int(meta.key("rope.dimension_count", config["head_dim"])) / config["head_dim"]
 
 
 ARCHITECTURES: dict[str, ArchitectureSpec] = {
     "llama": ArchitectureSpec("llama", "LlamaForCausalLM", permutes_qk=True),
     "qwen2": ArchitectureSpec("qwen2", "Qwen2ForCausalLM"),
     "qwen3": ArchitectureSpec("qwen3", "Qwen3ForCausalLM"),
-    "qwen3moe": ArchitectureSpec("qwen3_moe", "Qwen3MoeForCausalLM", is_moe=True),
+    "qwen3moe": ArchitectureSpec("qwen3_moe", "Qwen3MoeForCausalLM", read_hparams=_qwen3moe),
+    "granitemoe": ArchitectureSpec("granitemoe", "GraniteMoeForCausalLM", permutes_qk=True,
+                                   mlp_name="block_sparse_moe", read_hparams=_granitemoe),
+    "deepseek2": ArchitectureSpec("deepseek_v2", "DeepseekV2ForCausalLM",
+                                  read_hparams=_deepseek2),
+    "glm4moe": ArchitectureSpec("glm4_moe", "Glm4MoeForCausalLM", correction_bias="gate",
+                                read_hparams=_glm4moe),
+    "minimax-m2": ArchitectureSpec("minimax_m2", "MiniMaxM2ForCausalLM",
+                                   mlp_name="block_sparse_moe", expert_names=("w1", "w3", "w2"),
+                                   correction_bias="block", read_hparams=_minimax_m2),
+    "gpt-oss": ArchitectureSpec("gpt_oss", "GptOssForCausalLM", gate_name="router",
+                                read_hparams=_gpt_oss),
 }
 
 
@@ -78,20 +278,14 @@ def build_hf_config(gguf: GGUFFile) -> dict[str, Any]:
 
     Raises:
         UnknownArchitectureError: for an unmapped ``general.architecture``.
-        GGUFFileError: for missing required hyper-parameters or unsupported rope scaling.
+        GGUFFileError: for missing required hyper-parameters, unsupported rope
+            scaling, or a variant of the architecture the registered model lacks.
     """
-    arch = gguf.architecture
-    spec = architecture_spec(arch)
-
-    def key(name: str, default: Any = None) -> Any:
-        return gguf.get(f"{arch}.{name}", default)
-
-    def need(name: str) -> Any:
-        return gguf.require(f"{arch}.{name}")
-
-    hidden = int(need("embedding_length"))
-    heads = int(need("attention.head_count"))
-    kv_heads = key("attention.head_count_kv", heads)
+    meta = _Meta(gguf)
+    spec = architecture_spec(meta.arch)
+    hidden = int(meta.need("embedding_length"))
+    heads = int(meta.need("attention.head_count"))
+    kv_heads = meta.gguf.get(f"{meta.arch}.attention.head_count_kv", heads)
     if isinstance(kv_heads, list):  # per-layer list in some files
         if len(set(kv_heads)) != 1:
             raise GGUFFileError(
@@ -100,74 +294,65 @@ def build_hf_config(gguf: GGUFFile) -> dict[str, Any]:
     embed = gguf.tensors.get("token_embd.weight")
     if embed is None:
         raise GGUFFileError(f"{gguf.path} has no token_embd.weight tensor")
-    vocab = embed.shape[0]
-    head_dim = int(key("attention.key_length", hidden // heads))
     config: dict[str, Any] = {
         "model_type": spec.model_type,
         "architectures": [spec.hf_architecture],
-        "vocab_size": int(vocab),
+        "vocab_size": int(embed.shape[0]),
         "hidden_size": hidden,
-        "num_hidden_layers": int(need("block_count")),
+        "num_hidden_layers": int(meta.need("block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(kv_heads),
-        "head_dim": head_dim,
-        "max_position_embeddings": int(key("context_length", 2048)),
-        "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon", 1e-6)),
-        "rope_theta": float(key("rope.freq_base", 10000.0)),
+        "head_dim": int(meta.key("attention.key_length", hidden // heads)),
+        "max_position_embeddings": int(meta.key("context_length", 2048)),
+        "rms_norm_eps": float(meta.key("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(meta.key("rope.freq_base", 10000.0)),
         "tie_word_embeddings": "output.weight" not in gguf.tensors,
         "hidden_act": "silu",
         # GGML dequantizes into float32 math; so do we unless --dtype says otherwise.
         "torch_dtype": "float32",
     }
-    ffn = key("feed_forward_length")
+    ffn = meta.key("feed_forward_length")
     if ffn is not None:
-        config["intermediate_size"] = int(ffn[0] if isinstance(ffn, list) else ffn)
+        config["intermediate_size"] = int(ffn)
     if spec.model_type in ("llama", "qwen3"):
         config["attention_bias"] = "blk.0.attn_q.bias" in gguf.tensors
-    if spec.is_moe:
-        config.update(_moe_config(key, need))
-    rope_scaling = _rope_scaling(gguf, key)
+    rope_scaling = _rope_scaling(meta)
     if rope_scaling is not None:
         config["rope_scaling"] = rope_scaling
-    for field, meta in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
-                        ("pad_token_id", "padding_token_id")):
-        value = gguf.get(f"tokenizer.ggml.{meta}")
-        config[field] = int(value) if value is not None else None
+    if spec.read_hparams is not None:
+        spec.read_hparams(meta, config)
+    for name, meta_key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
+                           ("pad_token_id", "padding_token_id")):
+        value = gguf.get(f"tokenizer.ggml.{meta_key}")
+        config[name] = int(value) if value is not None else None
     return config
 
 
-def _moe_config(key: Any, need: Any) -> dict[str, Any]:
-    """Qwen3-MoE hyper-parameters (every layer sparse, as llama.cpp's graph builds it)."""
-    return {
-        "num_experts": int(need("expert_count")),
-        "num_experts_per_tok": int(need("expert_used_count")),
-        "moe_intermediate_size": int(need("expert_feed_forward_length")),
-        # llama.cpp's qwen3moe graph renormalises the top-k routing weights.
-        "norm_topk_prob": bool(key("expert_weights_norm", True)),
-        "decoder_sparse_step": 1,
-        "mlp_only_layers": [],
-    }
-
-
-def _rope_scaling(gguf: GGUFFile, key: Any) -> dict[str, Any] | None:
-    if "rope_freqs.weight" in gguf.tensors:
-        return _llama3_from_factors(gguf, key)
-    kind = key("rope.scaling.type")
+def _rope_scaling(meta: _Meta) -> dict[str, Any] | None:
+    if meta.has_tensor("rope_freqs.weight"):
+        return _llama3_from_factors(meta)
+    kind = meta.key("rope.scaling.type")
     if kind in (None, "none"):
         return None
-    factor = float(key("rope.scaling.factor", 1.0))
+    factor = float(meta.key("rope.scaling.factor", 1.0))
     if kind == "linear":
         return {"rope_type": "linear", "factor": factor}
     if kind == "yarn":
         scaling: dict[str, Any] = {"rope_type": "yarn", "factor": factor}
-        original = key("rope.scaling.original_context_length")
-        if original is not None:
-            scaling["original_max_position_embeddings"] = int(original)
+        for name, key in (("original_max_position_embeddings", "original_context_length"),
+                          ("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow"),
+                          ("attention_factor", "yarn_attn_factor")):
+            value = meta.key(f"rope.scaling.{key}")
+            if value is not None:
+                scaling[name] = value
+        if "original_max_position_embeddings" in scaling:
+            scaling["original_max_position_embeddings"] = int(
+                scaling["original_max_position_embeddings"])
         return scaling
-    raise GGUFFileError(f"{gguf.path}: rope scaling type {kind!r} is not supported")
+    raise GGUFFileError(f"{meta.gguf.path}: rope scaling type {kind!r} is not supported")
 
 
-def _llama3_from_factors(gguf: GGUFFile, key: Any) -> dict[str, Any]:
+def _llama3_from_factors(meta: _Meta) -> dict[str, Any]:
     """Llama-3 rope scaling parameters that reproduce the file's ``rope_freqs`` factors.
 
     llama.cpp's converter turns ``rope_scaling = {rope_type: llama3, factor, low_freq_factor,
@@ -181,11 +366,12 @@ def _llama3_from_factors(gguf: GGUFFile, key: Any) -> dict[str, Any]:
     Raises:
         GGUFFileError: if no llama3 parameters reproduce the factors.
     """
+    gguf = meta.gguf
     factors = gguf.raw("rope_freqs.weight").double().flatten()
-    heads = int(gguf.require(f"{gguf.architecture}.attention.head_count"))
-    hidden = int(gguf.require(f"{gguf.architecture}.embedding_length"))
-    dim = int(key("rope.dimension_count", key("attention.key_length", hidden // heads)))
-    base = float(key("rope.freq_base", 10000.0))
+    heads = int(meta.need("attention.head_count"))
+    hidden = int(meta.need("embedding_length"))
+    dim = int(meta.key("rope.dimension_count", meta.key("attention.key_length", hidden // heads)))
+    base = float(meta.key("rope.freq_base", 10000.0))
     inv = [1.0 / (base ** (2 * i / dim)) for i in range(dim // 2)]
     wavelen = [2 * math.pi / f for f in inv]
     factor = float(factors.max())
@@ -212,86 +398,3 @@ def _llama3_from_factors(gguf: GGUFFile, key: Any) -> dict[str, Any]:
         if abs(expected - stored) > 1e-4 * stored:
             raise unsupported
     return scaling
-
-
-# --------------------------------------------------------------------- tensor names
-
-# GGML per-block tensor -> transformers module path under model.layers.N.
-_BLOCK_NAMES: dict[str, str] = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "ffn_gate_inp": "mlp.gate",
-}
-# Stacked expert tensors [E, N, K] -> per-expert transformers names.
-_EXPERT_NAMES: dict[str, str] = {
-    "ffn_gate_exps": "gate_proj",
-    "ffn_up_exps": "up_proj",
-    "ffn_down_exps": "down_proj",
-}
-_GLOBAL_NAMES: dict[str, str] = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_0-9]+)\.(weight|bias)$")
-# GGML tensors that carry no weights of the transformers model.
-_SKIPPED = frozenset({"rope_freqs.weight"})
-
-
-def hf_tensor_names(ggml_name: str, num_experts: int = 0) -> list[str] | None:
-    """The transformers name(s) of a GGML tensor, or None for tensors to skip.
-
-    Stacked expert tensors map to one name per expert (``num_experts`` of them).
-
-    Raises:
-        GGUFFileError: for a tensor name this mapping does not know.
-    """
-    if ggml_name in _SKIPPED:
-        return None
-    if ggml_name in _GLOBAL_NAMES:
-        return [_GLOBAL_NAMES[ggml_name]]
-    match = _BLOCK_RE.match(ggml_name)
-    if match is not None:
-        layer, part, leaf = match.groups()
-        prefix = f"model.layers.{layer}"
-        if part in _BLOCK_NAMES:
-            return [f"{prefix}.{_BLOCK_NAMES[part]}.{leaf}"]
-        if part in _EXPERT_NAMES:
-            return [f"{prefix}.mlp.experts.{e}.{_EXPERT_NAMES[part]}.{leaf}"
-                    for e in range(num_experts)]
-    raise GGUFFileError(f"GGUF tensor {ggml_name!r} has no mapping to a model weight")
-
-
-def is_qk_weight(ggml_name: str) -> str | None:
-    """``"q"`` or ``"k"`` for ``blk.N.attn_q/attn_k`` weights and biases, else None."""
-    match = _BLOCK_RE.match(ggml_name)
-    if match is None:
-        return None
-    return {"attn_q": "q", "attn_k": "k"}.get(match.group(2))
-
-
-def unpermute_rows(rows: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """Undo llama.cpp's q/k row permutation (``convert_hf_to_gguf.LlamaModel.permute``).
-
-    The converter maps each head's rows ``[r_0 .. r_{d/2-1} | r_{d/2} .. r_{d-1}]``
-    (rotate-half order) to ``[r_0, r_{d/2}, r_1, r_{d/2+1}, ...]`` (interleaved
-    pairs). Rows are moved whole, so this works on raw quantized rows too.
-
-    Args:
-        rows: ``[num_heads * head_dim, ...]`` (weights, raw blocks or a bias).
-        num_heads: heads of this projection (KV heads for ``attn_k``).
-    """
-    n = rows.shape[0]
-    rest = rows.shape[1:]
-    head_dim = n // num_heads
-    return (rows.reshape(num_heads, head_dim // 2, 2, *rest).transpose(1, 2)
-            .reshape(n, *rest).contiguous())

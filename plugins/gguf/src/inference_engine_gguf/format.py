@@ -19,26 +19,29 @@ from typing import Any
 import torch
 from inference_engine.interfaces.weight_format import WeightFormat
 
-from inference_engine_gguf.architectures import (
-    architecture_spec,
-    build_hf_config,
+from inference_engine_gguf.architectures import architecture_spec, build_hf_config
+from inference_engine_gguf.dequant import dequantize
+from inference_engine_gguf.ggml_types import check_supported
+from inference_engine_gguf.gguf_file import GGUFFile
+from inference_engine_gguf.tensor_names import (
+    block_index,
+    combine_parts,
+    combined_target,
+    expert_part,
     hf_tensor_names,
     is_qk_weight,
     unpermute_rows,
 )
-from inference_engine_gguf.dequant import dequantize
-from inference_engine_gguf.ggml_types import check_supported
-from inference_engine_gguf.gguf_file import GGUFFile
 
 __all__ = ["GGUFFormat", "RAW_LINEAR_RE"]
 
-# transformers names of dense linear weights that stay in their GGML blocks.
+# transformers names of linear weights that stay in their GGML blocks: attention
+# (MLA's q_a/q_b/kv_a too; not kv_b_proj, whose dense weight MLA reads directly),
+# dense and shared-expert MLPs. MoE routers stay dense (llama.cpp keeps them F32).
 RAW_LINEAR_RE = re.compile(
-    r"^model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight$"
+    r"^model\.layers\.\d+\.(self_attn\.(q|k|v|o|q_a|q_b|kv_a)_proj(_with_mqa)?"
+    r"|(mlp|block_sparse_moe)\.(shared_experts\.)?(gate|up|down)_proj)\.weight$"
 )
-# Stacked expert tensor -> its part in the MoE layer.
-EXPERT_PARTS = {"ffn_gate_exps": "gate", "ffn_up_exps": "up", "ffn_down_exps": "down"}
-_EXPERT_RE = re.compile(r"^blk\.(\d+)\.(ffn_(?:gate|up|down)_exps)\.weight$")
 # Dense modules the quant method swaps for raw-block versions after loading.
 EMBEDDING_TENSORS = {"token_embd.weight": "model.embed_tokens.weight",
                      "output.weight": "lm_head.weight"}
@@ -59,8 +62,17 @@ class GGUFFormat(WeightFormat):
     def _config(self) -> dict[str, Any]:
         return build_hf_config(self.file)
 
+    @cached_property
+    def _num_experts(self) -> int:
+        cfg = self._config
+        return int(cfg.get("num_experts") or cfg.get("num_local_experts")
+                   or cfg.get("n_routed_experts") or 0)
+
     def _hf_names(self, ggml_name: str) -> list[str] | None:
-        return hf_tensor_names(ggml_name, int(self._config.get("num_experts", 0)))
+        layer = block_index(ggml_name)
+        if layer is not None and layer >= self._config["num_hidden_layers"]:
+            return None  # next-token-prediction (MTP) layers the model does not run
+        return hf_tensor_names(ggml_name, self.spec, self._num_experts)
 
     def load_config(self) -> dict[str, Any]:
         config = dict(self._config)
@@ -68,10 +80,10 @@ class GGUFFormat(WeightFormat):
         embedding_types: dict[str, str] = {}
         expert_types: dict[str, dict[str, str]] = {}
         for info in self.file.tensors.values():
-            expert = _EXPERT_RE.match(info.name)
-            if expert is not None:
-                prefix = f"model.layers.{expert.group(1)}.mlp.experts"
-                expert_types.setdefault(prefix, {})[EXPERT_PARTS[expert.group(2)]] = info.qtype.name
+            expert = expert_part(info.name)
+            if expert is not None and self._hf_names(info.name):
+                prefix = f"model.layers.{expert[0]}.{self.spec.mlp_name}.experts"
+                expert_types.setdefault(prefix, {})[expert[1]] = info.qtype.name
                 continue
             if info.name in EMBEDDING_TENSORS:
                 embedding_types[EMBEDDING_TENSORS[info.name]] = info.qtype.name
@@ -93,7 +105,7 @@ class GGUFFormat(WeightFormat):
     def tensor_names(self) -> list[str]:
         names: list[str] = []
         for ggml_name in self.file.tensors:
-            names.extend(self._hf_names(ggml_name) or ())
+            names.extend(n for n in self._hf_names(ggml_name) or () if n not in names[-1:])
         return names
 
     def read_raw(self, ggml_name: str) -> torch.Tensor:
@@ -109,6 +121,8 @@ class GGUFFormat(WeightFormat):
     def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         quant = self.load_config()["quantization_config"]
         raw_names, raw_experts = quant["tensor_types"], quant["expert_types"]
+        # Parts of split pairs (DeepSeek's k_b/v_b, gpt-oss's expert biases) until complete.
+        pending: dict[str, dict[str, torch.Tensor]] = {}
         for ggml_name, info in self.file.tensors.items():
             names = self._hf_names(ggml_name)
             if not names:
@@ -117,15 +131,28 @@ class GGUFFormat(WeightFormat):
             if len(names) == 1 and names[0] in raw_names:
                 yield names[0], raw
                 continue
-            expert = _EXPERT_RE.match(ggml_name)
-            if expert is not None and f"model.layers.{expert.group(1)}.mlp.experts" in raw_experts:
+            expert = expert_part(ggml_name)
+            if expert is not None and (
+                    f"model.layers.{expert[0]}.{self.spec.mlp_name}.experts" in raw_experts):
                 yield from zip(names, raw.unbind(0), strict=True)
                 continue
             dense = dequantize(raw, info.qtype)
-            if len(names) == 1:
+            combined = combined_target(ggml_name, self.spec)
+            if combined is not None:
+                hf_name, part = combined
+                parts = pending.setdefault(hf_name, {})
+                parts[part] = dense
+                whole = combine_parts(hf_name, parts)
+                if whole is not None:
+                    del pending[hf_name]
+                    yield hf_name, whole
+            elif len(names) == 1:
                 yield names[0], dense
             else:  # stacked experts [E, N, K]
                 yield from zip(names, dense.unbind(0), strict=True)
+        if pending:
+            raise ValueError(f"{self.file.path}: incomplete split tensors "
+                             f"{ {name: sorted(parts) for name, parts in pending.items()} }")
 
     def load_tokenizer(self) -> Any | None:
         from inference_engine_gguf.tokenizer import build_tokenizer
