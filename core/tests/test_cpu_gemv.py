@@ -7,10 +7,13 @@ import torch
 import torch.nn.functional as F
 import transformers
 from inference_engine import LLM, SamplingParams
+from inference_engine.builtin.platforms import cpu as cpu_platform
 from inference_engine.layers.cpu_gemv import (
     GEMV_MAX_ROWS,
+    NATIVE_BF16_GEMV_MAX_ROWS,
     bf16_gemv_weight,
     gemv_kernel,
+    gemv_max_rows,
     small_batch_linear,
 )
 from inference_engine.testing import make_tiny_model, train_tiny_tokenizer
@@ -46,7 +49,7 @@ def test_kernel_matches_float64(rows, n, k, with_bias):
     bias = torch.randn(n, generator=gen) if with_bias else None
     gemv_weight = bf16_gemv_weight(weight)
     assert gemv_weight is not None and gemv_weight.dtype == torch.bfloat16
-    ours = small_batch_linear(x, weight, gemv_weight, bias)
+    ours = gemv_kernel().gemv(x, gemv_weight, bias)
     ref = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
     assert ours.shape == (rows, n) and ours.dtype == torch.float32
     assert ((ours.double() - ref).abs() <= _error_bound(x, weight, bias)).all()
@@ -64,6 +67,40 @@ def test_column_major_weight_and_many_rows_use_the_same_values():
     assert torch.equal(small_batch_linear(x, column_major, gemv_weight), F.linear(x, column_major))
 
 
+@needs_kernel
+@pytest.mark.parametrize("native", [False, True])
+def test_row_limit_follows_the_cpus_gemm(monkeypatch, native):
+    """Up to the limit the kernel runs; past it MKL's float32 GEMM unless bf16 GEMMs are allowed."""
+    monkeypatch.setattr(cpu_platform, "has_native_bf16", lambda: native)
+    limit = NATIVE_BF16_GEMV_MAX_ROWS if native else GEMV_MAX_ROWS
+    assert gemv_max_rows() == limit
+    weight = torch.randn(40, 96).to(torch.bfloat16).float()
+    gemv_weight = bf16_gemv_weight(weight)
+    x = torch.randn(limit, 96)
+    assert torch.equal(small_batch_linear(x, weight, gemv_weight, bf16_gemm=True),
+                       gemv_kernel().gemv(x, gemv_weight, None))
+    x = torch.randn(limit + 1, 96)
+    assert torch.equal(small_batch_linear(x, weight, gemv_weight), F.linear(x, weight))
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_bf16_gemm_past_the_row_limit_rounds_like_a_bf16_model(monkeypatch, with_bias):
+    """Activations rounded to bf16, float32 accumulation, the product rounded to bf16 (2^-8)."""
+    monkeypatch.setattr(cpu_platform, "has_native_bf16", lambda: True)
+    gen = torch.Generator().manual_seed(7)
+    weight = torch.randn(70, 256, generator=gen).to(torch.bfloat16).float()
+    x = torch.randn(GEMV_MAX_ROWS + 3, 256, generator=gen)
+    bias = torch.randn(70, generator=gen) if with_bias else None
+    ours = small_batch_linear(x, weight, weight.to(torch.bfloat16), bias, bf16_gemm=True)
+    x16 = x.to(torch.bfloat16).double()
+    ref = x16 @ weight.double().t()
+    bound = 2.0 ** -8 * ref.abs() + _error_bound(x16.float(), weight, None)
+    if bias is not None:
+        ref = ref + bias.double()
+    assert ours.dtype == torch.float32
+    assert ((ours.double() - ref).abs() <= bound + 1e-6).all()
+
+
 def test_no_copy_when_it_would_not_be_exact():
     assert bf16_gemv_weight(torch.randn(32, 64)) is None  # float32 values that bf16 cannot hold
     assert bf16_gemv_weight(torch.randn(32, 64).to(torch.bfloat16)) is None  # not a float32 weight
@@ -74,10 +111,17 @@ def test_disabled_kernels_fall_back(monkeypatch):
     import inference_engine.layers.cpu_gemv as cpu_gemv
 
     monkeypatch.setattr(cpu_gemv, "gemv_kernel", lambda: None)
+    monkeypatch.setattr(cpu_platform, "has_native_bf16", lambda: False)
     weight = torch.randn(8, 16).to(torch.bfloat16).float()
     assert cpu_gemv.bf16_gemv_weight(weight) is None
     x = torch.randn(2, 16)
     assert torch.equal(cpu_gemv.small_batch_linear(x, weight, None), F.linear(x, weight))
+    # A CPU with a bf16 GEMM still keeps the copy for it, and few rows use F.linear.
+    monkeypatch.setattr(cpu_platform, "has_native_bf16", lambda: True)
+    copy = cpu_gemv.bf16_gemv_weight(weight)
+    assert copy is not None
+    assert torch.equal(cpu_gemv.small_batch_linear(x, weight, copy, bf16_gemm=True),
+                       F.linear(x.to(torch.bfloat16), copy).float())
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +167,13 @@ def test_decode_logprobs_through_the_kernel_match_transformers(bf16_model):
                                            strict=True)):
         ours = entry[token].logprob
         assert abs(ours - ref[start + i, token].item()) < 1e-4
+
+
+@needs_kernel
+def test_bf16_gemm_only_when_bfloat16_was_asked_for(bf16_model):
+    path, _ = bf16_model
+    for dtype, expected in (("float32", False), ("bfloat16", True), ("auto", True)):
+        llm = LLM(str(path), dtype=dtype, show_progress=False, kv_cache_memory=1 << 24)
+        modules = llm.engine.model.modules()
+        layers = [m for m in modules if getattr(m, "gemv_weight", None) is not None]
+        assert layers and all(getattr(m, "bf16_gemm", False) == expected for m in layers), dtype

@@ -15,9 +15,10 @@ from tqdm.auto import tqdm
 from inference_engine.config import ModelConfig, QuantConfig
 from inference_engine.interfaces.model import CausalLM, ModelContext
 from inference_engine.interfaces.platform import Platform
+from inference_engine.layers.cpu_gemv import allow_bf16_gemm
 from inference_engine.plugins import get_plugins
 
-__all__ = ["LoadedModel", "load_model", "resolve_dtype"]
+__all__ = ["LoadedModel", "load_model", "compute_dtype", "requested_dtype"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +44,9 @@ class LoadedModel:
     generation_config: dict[str, Any] = field(default_factory=dict)
 
 
-def resolve_dtype(requested: str, hf_config: Any, platform: Platform) -> torch.dtype:
-    """The compute dtype; float16 becomes bfloat16 on CPU, where fp16 math is ~1000x slower."""
+def requested_dtype(requested: str, hf_config: Any, platform: Platform) -> torch.dtype:
+    """The dtype asked for (``auto``: the config's); float16 becomes bfloat16 on CPU,
+    where fp16 math is ~1000x slower."""
     if requested == "auto":
         raw = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
         if isinstance(raw, str):
@@ -57,10 +59,15 @@ def resolve_dtype(requested: str, hf_config: Any, platform: Platform) -> torch.d
             "float16 is very slow on CPU; computing in bfloat16 instead", stacklevel=2
         )
         dtype = torch.bfloat16
+    return dtype
+
+
+def compute_dtype(dtype: torch.dtype, platform: Platform) -> torch.dtype:
+    """The dtype the platform computes a ``dtype`` model in."""
     compute = platform.compute_dtype(dtype)
     if compute != dtype:
-        logger.warning(
-            "%s has no native %s matmul; computing in %s (weights are exact in it)",
+        logger.info(
+            "%s computes %s models in %s (their weights are exact in it)",
             platform.device_name(), dtype, compute,
         )
     return compute
@@ -128,7 +135,8 @@ def load_model(
         raise ValueError(f"config.json of {path} lists no architectures")
     architecture = architectures[0]
     model_cls = registry.resolve("models", architecture)
-    dtype = resolve_dtype(model_config.dtype, hf_config, platform)
+    asked = requested_dtype(model_config.dtype, hf_config, platform)
+    dtype = compute_dtype(asked, platform)
     backend_cls = registry.resolve("attention_backends", model_config.attention_backend)
     device = platform.device()
     max_len = model_config.max_model_len or getattr(hf_config, "max_position_embeddings", 2048)
@@ -157,6 +165,8 @@ def load_model(
             elif hasattr(module, "process_weights_after_loading"):
                 module.process_weights_after_loading()
         ctx.quant_method.process_model_after_loading(model)
+        if asked == torch.bfloat16 and dtype == torch.float32:
+            allow_bf16_gemm(model)  # bf16 was asked for: bf16 GEMMs are as precise as that
     tokenizer = fmt.load_tokenizer()
     if tokenizer is None:
         from transformers import AutoTokenizer

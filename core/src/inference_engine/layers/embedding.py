@@ -53,5 +53,6 @@ class LMHead(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden [n, hidden]`` -> float32 logits ``[n, vocab]``."""
         if self.gemv_weight is not None:
-            return small_batch_linear(hidden, self.weight, self.gemv_weight)
+            return small_batch_linear(hidden, self.weight, self.gemv_weight,
+                                      bf16_gemm=getattr(self, "bf16_gemm", False))
         return F.linear(hidden, self.weight).float()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 
 from inference_engine.interfaces.platform import Platform
@@ -26,6 +28,7 @@ def _keep_large_allocations_on_heap() -> None:
         pass  # not glibc: keep the allocator's defaults
 
 
+@cache
 def has_native_bf16() -> bool:
     """Whether the CPU has bf16 dot-product instructions (AVX512-BF16 or AMX)."""
     try:
@@ -57,9 +60,12 @@ class CpuPlatform(Platform):
         return [torch.float32, torch.bfloat16, torch.float16]
 
     def compute_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        # Without bf16 instructions oneDNN emulates bf16 matmuls at about a quarter
-        # of the fp32 rate; bf16 weights are exact in fp32, so compute there.
-        if dtype == torch.bfloat16 and not has_native_bf16():
+        # bf16 weights are exact in fp32, so bf16 checkpoints compute there: without
+        # bf16 instructions oneDNN emulates bf16 matmuls at about a quarter of the fp32
+        # rate, and with them bf16 element-wise ops, norms and attention are slower
+        # than fp32 ones. The linear layers still read a bf16 copy of their weights
+        # (inference_engine.layers.cpu_gemv), with the CPU's bf16 GEMM where it has one.
+        if dtype == torch.bfloat16:
             return torch.float32
         return dtype
 

@@ -51,9 +51,10 @@ class UnquantizedMethod(QuantMethod):
         the bf16 copy below until this runs again).
 
         Float32 weights that are exactly bfloat16 values (a bfloat16
-        checkpoint on a CPU without a bf16 dot product) also get a bfloat16
+        checkpoint, which the CPU computes in float32) also get a bfloat16
         copy, ``layer.gemv_weight``, that decode-sized batches multiply from
-        (:mod:`inference_engine.layers.cpu_gemv`): half the bytes per step.
+        (:mod:`inference_engine.layers.cpu_gemv`): half the bytes per step;
+        so do large batches on CPUs with a bf16 GEMM when bf16 was asked for.
         """
         weight = getattr(layer, "weight", None)
         if weight is not None and weight.device.type == "cpu" and weight.dtype == torch.float32:
@@ -65,7 +66,8 @@ class UnquantizedMethod(QuantMethod):
     ) -> torch.Tensor:
         gemv_weight = getattr(layer, "gemv_weight", None)
         if gemv_weight is not None:
-            return small_batch_linear(x, layer.weight, gemv_weight, bias)
+            return small_batch_linear(x, layer.weight, gemv_weight, bias,
+                                      bf16_gemm=getattr(layer, "bf16_gemm", False))
         return F.linear(x, layer.weight, bias)
 
 
