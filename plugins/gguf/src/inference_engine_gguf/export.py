@@ -1,8 +1,11 @@
-"""Write a transformers Llama/Qwen2/Qwen3(-MoE) model to GGUF as llama.cpp's converter lays it out.
+"""Write a transformers model to GGUF as llama.cpp's converter (``convert_hf_to_gguf.py``) would.
 
-For tests and benchmarks: tensor names come from the ``gguf`` package's own
-name map (``gguf.get_tensor_name_map``), metadata keys from its writer, and
-llama's q/k rows are permuted exactly as ``convert_hf_to_gguf.py`` does.
+For tests and benchmarks. Per-architecture differences (metadata keys, split,
+transposed or renamed tensors: DeepSeek's ``attn_k_b``/``attn_v_b``, gpt-oss's
+de-interleaved experts, GLM's MTP blocks, ...) are data in
+:mod:`inference_engine_gguf._export_archs`; other tensor names come from the
+``gguf`` package's own name map (``gguf.get_tensor_name_map``), and llama-style
+q/k rows are permuted exactly as the converter does.
 Quantization uses ``gguf.quants.quantize`` where the package implements it
 (F16, BF16, Q4_0..Q8_0, MXFP4). For the K-quants, which the package can only
 dequantize, :func:`quantize_k` is a simple min/max encoder (not llama.cpp's
@@ -15,6 +18,7 @@ row order, so a test can load exactly those weights into the transformers model.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,11 +29,11 @@ import torch
 from gguf import GGUFWriter, quants
 from gguf.constants import QK_K, GGMLQuantizationType
 
+from inference_engine_gguf._export_archs import ARCH_LAYOUTS, Split, hparams_of, write_hparams
+
 __all__ = ["export_to_gguf", "llama_permute", "quantize", "quantize_k"]
 
 T = GGMLQuantizationType
-_ARCHES = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2,
-           "qwen3": gguf.MODEL_ARCH.QWEN3, "qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE}
 K_TYPES = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K)
 
 
@@ -191,47 +195,69 @@ def export_to_gguf(model: Any, tokenizer: Any, path: str | Path,
     """Write ``model`` (a transformers causal LM) and its byte-level BPE ``tokenizer`` to ``path``.
 
     Args:
-        model: ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM`` or
-            ``Qwen3MoeForCausalLM``.
+        model: a transformers model of one of :data:`ARCH_LAYOUTS`'s types (Llama,
+            Qwen2, Qwen3, Qwen3-MoE, GraniteMoe, DeepSeek-V2, GLM-4-MoE, MiniMax-M2, gpt-oss).
         tokenizer: a transformers fast tokenizer with a BPE model (gpt2 style).
         path: the ``.gguf`` file to write.
-        qtype: the GGML type of every 2-D weight, or a function of
-            (transformers name, shape) choosing it. 1-D tensors are F32.
+        qtype: the GGML type of every 2-D (or stacked 3-D) weight, or a function of
+            (transformers name, GGML tensor shape) choosing it. 1-D tensors are F32.
         chat_template: stored as ``tokenizer.chat_template`` (default: the tokenizer's).
         extra_control_tokens: filler control tokens appended to reach the model's vocab.
 
     Returns:
         transformers name -> the float32 values the file stores (dequantized
-        with ``gguf.quants.dequantize``), in transformers row order.
+        with ``gguf.quants.dequantize``), in transformers layout.
     """
     cfg = model.config
-    arch = _ARCHES[cfg.model_type]
-    arch_name = gguf.MODEL_ARCH_NAMES[arch]
-    state = {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
-    n_layers = cfg.num_hidden_layers
-    name_map = gguf.get_tensor_name_map(arch, n_layers)
-    writer = GGUFWriter(str(path), arch_name)
-    _write_hparams(writer, cfg)
+    layout = ARCH_LAYOUTS[cfg.model_type]
+    hp = hparams_of(cfg)
+    if layout.prepare is not None:
+        layout.prepare(hp)
+    num_blocks = hp.get("block_count", cfg.num_hidden_layers)
+    name_map = gguf.get_tensor_name_map(layout.arch, num_blocks)
+    writer = GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[layout.arch])
+    write_hparams(writer, layout, hp)
     _write_tokenizer(writer, tokenizer, chat_template, extra_control_tokens)
     choose = qtype if callable(qtype) else (lambda name, shape, _t=qtype: _t)
-    stored: dict[str, torch.Tensor] = {}
-    experts = _stack_experts(state, cfg)
-    for name, values in list(state.items()) + list(experts.items()):
-        if name.endswith("rotary_emb.inv_freq") or (".experts." in name and name not in experts):
-            continue
-        if name == "lm_head.weight" and getattr(cfg, "tie_word_embeddings", False):
-            continue
-        ggml_name = name_map.get_name(name, try_suffixes=(".weight", ".bias"))
-        if ggml_name is None:
-            raise ValueError(f"gguf has no GGML name for {name!r}")
-        t = choose(name, values.shape) if values.ndim >= 2 else T.F32
+
+    def add(ggml_name: str, values: np.ndarray, hf_name: str) -> np.ndarray:
+        """Write one GGML tensor; return what the file holds, dequantized."""
+        t = choose(hf_name, values.shape) if values.ndim >= 2 else T.F32
         data = quantize(values, t) if t != T.F32 else values.astype(np.float32)
-        stored[name] = torch.from_numpy(quants.dequantize(data, t).astype(np.float32).copy())
-        if cfg.model_type == "llama" and ("q_proj" in name or "k_proj" in name):
-            heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
+        stored = quants.dequantize(data, t).astype(np.float32)
+        if layout.permutes_qk and re.search(r"\.(q|k)_proj\.(weight|bias)$", hf_name):
+            heads = cfg.num_attention_heads if ".q_proj." in hf_name else cfg.num_key_value_heads
             data = llama_permute(data, heads)  # rows move whole: same as permuting first
         writer.add_tensor(ggml_name, np.ascontiguousarray(data),
                           raw_dtype=t if t not in (T.F32, T.F16) else None)
+        return stored
+
+    def ggml_parts(name: str, values: np.ndarray) -> tuple[Split | None, list[tuple[str, Any]]]:
+        """The GGML tensors a transformers tensor becomes (and the split that made them)."""
+        match = re.match(r"model\.layers\.(\d+)\.(.+)$", name)
+        split = layout.split_for(match.group(2)) if match else None
+        if split is not None:
+            pieces = split.split(values, hp)
+            return split, [(f"blk.{match.group(1)}.{part}", piece)
+                           for part, piece in zip(split.parts, pieces, strict=True)]
+        ggml_name = name_map.get_name(name, try_suffixes=(".weight", ".bias"))
+        if ggml_name is None:
+            raise ValueError(f"gguf has no GGML name for {name!r}")
+        return None, [(ggml_name, values)]
+
+    stored: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        if name.endswith("rotary_emb.inv_freq"):
+            continue
+        if name == "lm_head.weight" and getattr(cfg, "tie_word_embeddings", False):
+            continue
+        split, parts = ggml_parts(name, tensor.detach().float().cpu().numpy())
+        held = [add(ggml_name, values, name) for ggml_name, values in parts]
+        result = split.join(held, hp) if split is not None else held[0]
+        stored[name] = torch.from_numpy(np.ascontiguousarray(result, dtype=np.float32))
+    for name, values in _nextn_stand_ins(model, hp):
+        for ggml_name, part in ggml_parts(name, values)[1]:
+            add(ggml_name, part, name)
     factors = _llama3_rope_factors(cfg)
     if factors is not None:
         writer.add_tensor("rope_freqs.weight", factors)
@@ -239,7 +265,30 @@ def export_to_gguf(model: Any, tokenizer: Any, path: str | Path,
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return _unstack_experts(stored, cfg)
+    return stored
+
+
+def _nextn_stand_ins(model: Any, hp: dict[str, Any]) -> list[tuple[str, np.ndarray]]:
+    """Stand-ins for GLM-4-MoE's next-token-prediction (MTP) blocks, which transformers drops.
+
+    A released checkpoint has each as ``model.layers.L`` (``L >= num_hidden_layers``): a
+    whole decoder layer plus ``eh_proj``, ``enorm``, ``hnorm`` and ``shared_head.norm``,
+    which llama.cpp writes as ``blk.L.*`` and ``blk.L.nextn.*``. Layer ``L - 1``'s
+    tensors stand in for the decoder layer; a loader must skip these blocks.
+    """
+    first = hp["num_hidden_layers"]
+    hidden, last = hp["hidden_size"], f"model.layers.{first - 1}."
+    rng = np.random.default_rng(0)
+    out: list[tuple[str, np.ndarray]] = []
+    for block in range(first, hp.get("block_count", first)):
+        prefix = f"model.layers.{block}."
+        out += [(prefix + name[len(last):], tensor.detach().float().numpy())
+                for name, tensor in model.state_dict().items() if name.startswith(last)]
+        out.append((prefix + "eh_proj.weight",
+                    rng.normal(0.0, 0.02, (hidden, 2 * hidden)).astype(np.float32)))
+        out += [(f"{prefix}{norm}.weight", np.ones(hidden, np.float32))
+                for norm in ("enorm", "hnorm", "shared_head.norm")]
+    return out
 
 
 def _rope_settings(cfg: Any) -> dict[str, Any]:
@@ -278,28 +327,6 @@ def _llama3_rope_factors(cfg: Any) -> np.ndarray | None:
     return np.array(factors, dtype=np.float32)
 
 
-def _write_hparams(writer: GGUFWriter, cfg: Any) -> None:
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    theta = getattr(cfg, "rope_theta", None) or _rope_settings(cfg).get("rope_theta", 10000.0)
-    writer.add_rope_freq_base(float(theta))
-    if cfg.model_type == "qwen3_moe":
-        writer.add_expert_count(cfg.num_experts)
-        writer.add_expert_used_count(cfg.num_experts_per_tok)
-        writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
-        writer.add_expert_weights_norm(bool(cfg.norm_topk_prob))
-    writer.add_file_type(1)
-
-
 def _write_tokenizer(writer: GGUFWriter, tokenizer: Any, chat_template: str | None,
                      extra_control_tokens: int) -> None:
     """What ``convert_hf_to_gguf``'s ``_set_vocab_gpt2`` writes for a BPE tokenizer."""
@@ -334,35 +361,3 @@ def _write_tokenizer(writer: GGUFWriter, tokenizer: Any, chat_template: str | No
     template = chat_template or getattr(tokenizer, "chat_template", None)
     if template:
         writer.add_chat_template(template)
-
-
-def _stack_experts(state: dict[str, np.ndarray], cfg: Any) -> dict[str, np.ndarray]:
-    """transformers v5's ``experts.gate_up_proj [E, 2I, K]``/``down_proj`` -> llama.cpp's
-    stacked ``ffn_gate_exps``/``ffn_up_exps``/``ffn_down_exps`` (under their HF-style names)."""
-    if cfg.model_type != "qwen3_moe":
-        return {}
-    out = {}
-    inter = cfg.moe_intermediate_size
-    for layer in range(cfg.num_hidden_layers):
-        base = f"model.layers.{layer}.mlp.experts"
-        if f"{base}.gate_up_proj" not in state:
-            continue
-        gate_up = state[f"{base}.gate_up_proj"]
-        out[f"{base}.gate_proj.weight"] = gate_up[:, :inter]
-        out[f"{base}.up_proj.weight"] = gate_up[:, inter:]
-        out[f"{base}.down_proj.weight"] = state[f"{base}.down_proj"]
-    return out
-
-
-def _unstack_experts(stored: dict[str, torch.Tensor], cfg: Any) -> dict[str, torch.Tensor]:
-    """The inverse of :func:`_stack_experts` on the stored values."""
-    if cfg.model_type != "qwen3_moe":
-        return stored
-    out = {k: v for k, v in stored.items() if ".experts." not in k}
-    for layer in range(cfg.num_hidden_layers):
-        base = f"model.layers.{layer}.mlp.experts"
-        if f"{base}.gate_proj.weight" in stored:
-            out[f"{base}.gate_up_proj"] = torch.cat(
-                [stored[f"{base}.gate_proj.weight"], stored[f"{base}.up_proj.weight"]], dim=1)
-            out[f"{base}.down_proj"] = stored[f"{base}.down_proj.weight"]
-    return out

@@ -6,6 +6,7 @@ stacked expert tensors as raw rows (``[E, 2I, row_bytes]``: gate rows then up
 rows, as the layer fuses them) and dequantizes them for that forward only, so
 the resident expert memory is the file's bytes. Rows are whole GGML rows, so
 the core's per-expert loader (which narrows rows) fills them unchanged.
+Expert biases (gpt-oss's ``ffn_{gate,up,down}_exps.bias``) are small and stay dense.
 """
 
 from __future__ import annotations
@@ -35,14 +36,17 @@ class GGMLFusedMoEMethod(FusedMoEMethod):
 
     def create_weights(self, layer: nn.Module, prefix: str, num_experts: int, hidden_size: int,
                        intermediate_size: int, params_dtype: torch.dtype, bias: bool) -> None:
-        if bias:
-            raise ValueError(f"{prefix}: GGUF experts with biases are not supported")
         layer.gguf_dtype = params_dtype  # type: ignore[attr-defined]
         shapes = {"gate_up_proj": (self.gate_up_type, 2 * intermediate_size, hidden_size),
                   "down_proj": (self.down_type, hidden_size, intermediate_size)}
-        for name, (qtype, rows, k) in shapes.items():
-            raw = empty_raw(qtype, (num_experts * rows, k)).reshape(num_experts, rows, -1)
-            param = nn.Parameter(raw, requires_grad=False)
+        tensors = {name: empty_raw(qtype, (num_experts * rows, k)).reshape(num_experts, rows, -1)
+                   for name, (qtype, rows, k) in shapes.items()}
+        if bias:  # dense [E, 2I] and [E, K_out], in the compute dtype
+            tensors["gate_up_proj_bias"] = torch.empty(num_experts, 2 * intermediate_size,
+                                                       dtype=params_dtype)
+            tensors["down_proj_bias"] = torch.empty(num_experts, hidden_size, dtype=params_dtype)
+        for name, tensor in tensors.items():
+            param = nn.Parameter(tensor, requires_grad=False)
             param.weight_loader = partial(  # type: ignore[attr-defined]
                 load_expert_part, intermediate_size, name=f"{prefix}.{name}")
             layer.register_parameter(name, param)
@@ -56,14 +60,18 @@ class GGMLFusedMoEMethod(FusedMoEMethod):
 
     def expert_weights(self, layer: nn.Module) -> ExpertWeights:
         if self.gate_up_type is None:  # dequantized at load
-            return layer.gate_up_proj, layer.down_proj, None, None
+            return layer.gate_up_proj, layer.down_proj, *_biases(layer)
         return self._dense(layer)
 
     def _dense(self, layer: nn.Module) -> ExpertWeights:
         dtype = layer.gguf_dtype
         gate_up = _dequantize(layer.gate_up_proj, self.gate_up_type).to(dtype)
         down = _dequantize(layer.down_proj, self.down_type).to(dtype)
-        return gate_up, down, None, None
+        return gate_up, down, *_biases(layer)
+
+
+def _biases(layer: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    return getattr(layer, "gate_up_proj_bias", None), getattr(layer, "down_proj_bias", None)
 
 
 def _dequantize(raw: torch.Tensor, qtype: GGMLQuantizationType) -> torch.Tensor:

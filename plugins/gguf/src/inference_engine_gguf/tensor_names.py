@@ -34,6 +34,8 @@ _GLOBAL_NAMES: dict[str, str] = {
     "output.weight": "lm_head.weight",
 }
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_0-9]+)\.(weight|bias)$")
+# Any per-block tensor, including GLM-4-MoE's ``blk.N.nextn.eh_proj.weight``.
+_ANY_BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
 # GGML tensors that carry no weights of the transformers model.
 _SKIPPED = frozenset({"rope_freqs.weight"})
 _EXPERT_PARTS = {"ffn_gate_exps": 0, "ffn_up_exps": 1, "ffn_down_exps": 2}
@@ -90,7 +92,7 @@ def _leafless(spec: ArchitectureSpec) -> dict[tuple[str, str], str]:
 
 def block_index(ggml_name: str) -> int | None:
     """N of ``blk.N.*`` tensors, else None."""
-    match = _BLOCK_RE.match(ggml_name)
+    match = _ANY_BLOCK_RE.match(ggml_name)
     return int(match.group(1)) if match else None
 
 

@@ -1,0 +1,243 @@
+"""MoE architectures end to end: transformers -> GGUF (llama.cpp's layout) -> the engine.
+
+For granitemoe, deepseek2 (MLA), glm4moe (with an MTP block to skip), minimax-m2 and
+gpt-oss: a tiny random transformers model is exported by
+:func:`~inference_engine_gguf.export.export_to_gguf` and loaded by ``LLM``. The
+reference is the transformers model holding exactly the values the file stores
+(dequantized by the ``gguf`` package). Last-position logits of a prefill batch
+must agree within 1e-4, and greedy continuations must be equal (a difference
+only at a genuine near-tie of the reference, top-2 within 1e-4).
+"""
+
+from __future__ import annotations
+
+import gguf
+import pytest
+import torch
+import transformers
+from gguf.constants import GGMLQuantizationType as T
+from inference_engine import LLM, SamplingParams
+from inference_engine.testing_parity import assert_greedy_matches
+from inference_engine_gguf.export import export_to_gguf
+from inference_engine_gguf.gguf_file import GGUFFile
+
+NEW_TOKENS = 8
+PROMPTS = ["The quick brown fox", "héllo wörld, naïve café"]
+SMALL_KV = 1 << 22
+# K = 256 along every matrix a K-quant case quantizes (hidden, o_proj, expert widths).
+COMMON = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=64, max_position_embeddings=512)
+
+# model_type -> (config class, model class, config overrides, GGUF architecture,
+#                the engine model's MoE module name)
+ARCHS = {
+    "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM", dict(
+        intermediate_size=256, num_local_experts=4, num_experts_per_tok=2,
+        embedding_multiplier=1.5, residual_multiplier=0.7, attention_multiplier=0.09,
+        logits_scaling=2.0), "granitemoe", "block_sparse_moe"),
+    "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", dict(
+        num_key_value_heads=4, intermediate_size=512, moe_intermediate_size=256,
+        n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+        first_k_dense_replace=1, kv_lora_rank=128, q_lora_rank=None, qk_rope_head_dim=32,
+        qk_nope_head_dim=32, v_head_dim=64, head_dim=32, routed_scaling_factor=1.5,
+        topk_method="greedy", norm_topk_prob=False), "deepseek2", "mlp"),
+    "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM", dict(
+        intermediate_size=512, moe_intermediate_size=256, n_routed_experts=4,
+        num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+        routed_scaling_factor=1.5, norm_topk_prob=True, attention_bias=True,
+        use_qk_norm=True, num_nextn_predict_layers=1), "glm4moe", "mlp"),
+    "minimax_m2": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM", dict(
+        intermediate_size=256, num_local_experts=4, num_experts_per_tok=2, rotary_dim=32),
+        "minimax-m2", "block_sparse_moe"),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", dict(
+        intermediate_size=256, num_local_experts=4, num_experts_per_tok=2,
+        sliding_window=6, rope_parameters=dict(
+            rope_type="yarn", rope_theta=150000.0, factor=8.0, beta_fast=32.0, beta_slow=1.0,
+            truncate=False, original_max_position_embeddings=64)), "gpt-oss", "mlp"),
+}
+
+
+def k_quant(qtype: T):
+    """``qtype`` where rows allow it (K % 256), else Q8_0 (K % 32), else F16, as llama.cpp
+    falls back for rows a K-quant cannot hold."""
+
+    def choose(name: str, shape: tuple[int, ...]) -> T:
+        k = shape[-1]
+        return qtype if k % 256 == 0 else T.Q8_0 if k % 32 == 0 else T.F16
+
+    return choose
+
+
+def gpt_oss_mxfp4(name: str, shape: tuple[int, ...]) -> T:
+    """gpt-oss as released: MXFP4 experts, the rest Q8_0."""
+    return T.MXFP4 if ".experts." in name else T.Q8_0
+
+
+# case -> (model_type, GGML type or chooser, config overrides on top of ARCHS')
+CASES = {
+    "granitemoe-F16": ("granitemoe", T.F16, {}),
+    "granitemoe-Q4_K": ("granitemoe", k_quant(T.Q4_K), {}),
+    "deepseek2-F32": ("deepseek_v2", T.F32, {}),
+    # DeepSeek-V2 proper: low-rank q, group-limited routing. (Not norm_topk_prob=True:
+    # transformers' DeepseekV2 ignores it, llama.cpp and the engine renormalise.)
+    "deepseek2-Q8_0-q_lora-groups": ("deepseek_v2", T.Q8_0, dict(
+        q_lora_rank=128, n_group=2, topk_group=1, topk_method="group_limited_greedy")),
+    "glm4moe-F16": ("glm4_moe", T.F16, {}),
+    "glm4moe-Q4_K": ("glm4_moe", k_quant(T.Q4_K), {}),
+    "minimax-m2-F16": ("minimax_m2", T.F16, {}),
+    "minimax-m2-Q8_0": ("minimax_m2", T.Q8_0, {}),
+    "gpt-oss-F16": ("gpt_oss", T.F16, {}),
+    "gpt-oss-MXFP4": ("gpt_oss", gpt_oss_mxfp4, {}),
+}
+
+
+def make_model(model_type: str, tokenizer, seed: int, **extra):
+    """A random float32 transformers model of ``model_type`` (every weight and buffer drawn)."""
+    config_name, model_name, overrides, _, _ = ARCHS[model_type]
+    overrides = {**overrides, **extra}
+    config_cls = getattr(transformers, config_name, None)
+    model_cls = getattr(transformers, model_name, None)
+    if config_cls is None or model_cls is None:
+        pytest.skip(f"transformers {transformers.__version__} has no {model_name}")
+    params = dict(COMMON, vocab_size=len(tokenizer), tie_word_embeddings=False,
+                  eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+                  pad_token_id=tokenizer.pad_token_id, **overrides)
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(**params)).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:  # a wider spread than the default init: decisive greedy picks
+                p.normal_(0.0, 0.08)
+            elif "norm" in name:
+                p.uniform_(0.8, 1.2)
+            else:  # biases, attention sinks
+                p.normal_(0.0, 0.1)
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buf.normal_(0.0, 0.1)
+    return model
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, tokenizer):
+    """case -> (transformers model with the stored weights, path of its GGUF file)."""
+    cache: dict[str, tuple[torch.nn.Module, str]] = {}
+
+    def get(case: str):
+        if case not in cache:
+            model_type, qtype, extra = CASES[case]
+            model = make_model(model_type, tokenizer, seed=len(case), **extra)
+            path = tmp_path_factory.mktemp(case) / "model.gguf"
+            stored = export_to_gguf(model, tokenizer, path, qtype)
+            missing = model.load_state_dict({**model.state_dict(), **stored}, strict=True)
+            assert not missing.missing_keys and not missing.unexpected_keys
+            model.generation_config.eos_token_id = None
+            cache[case] = (model, str(path))
+        return cache[case]
+
+    return get
+
+
+def load(path: str, **kwargs) -> LLM:
+    return LLM(path, dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV, **kwargs)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_last_position_logits_match_transformers(case, exported, tokenizer):
+    model, path = exported(case)
+    llm = load(path)
+    engine = llm.engine
+    prompt_ids = [tokenizer.encode(p) for p in PROMPTS]
+    for i, ids in enumerate(prompt_ids):
+        engine.add_request({"prompt_token_ids": ids}, SamplingParams(max_tokens=1),
+                           request_id=f"p{i}")
+    step = engine.scheduler.schedule()
+    blocks = [engine.blocks.req_blocks[s.request.request_id] for s in step.scheduled]
+    logits = engine.runner.execute(step, blocks)
+    assert len(logits.sample_rows) == len(PROMPTS)
+    for row, index in enumerate(logits.sample_rows):
+        ids = step.scheduled[index].request.prompt_token_ids
+        with torch.no_grad():
+            ref = model(torch.tensor([ids])).logits[0, -1].float()
+        assert ref.std() > 0.1  # not a degenerate comparison
+        err = float((logits.sample_logits[row] - ref).abs().max())
+        assert err < 1e-4, f"{case}: last-position logits differ by {err:.2e}"
+    engine.abort_request([f"p{i}" for i in range(len(PROMPTS))])
+    # Only the model's own layers were built (GLM's MTP block is skipped), and the
+    # experts of the last layer hold the file's GGML blocks.
+    layers = engine.model.model.layers
+    assert len(layers) == model.config.num_hidden_layers
+    experts = getattr(layers[-1], ARCHS[CASES[case][0]][4]).experts
+    assert type(experts.quant_method).__name__ == "GGMLFusedMoEMethod"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_greedy_tokens_match_transformers(case, exported, tokenizer):
+    model, path = exported(case)
+    prompt_ids = [tokenizer.encode(p) for p in PROMPTS]
+    ref = []
+    for ids in prompt_ids:
+        x = torch.tensor([ids])
+        with torch.no_grad():
+            out = model.generate(x, do_sample=False, max_new_tokens=NEW_TOKENS,
+                                 attention_mask=torch.ones_like(x))
+        ref.append(out[0, len(ids):].tolist())
+    llm = load(path)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False)
+    for ids, out, expected in zip(prompt_ids, outs, ref, strict=True):
+        assert_greedy_matches(model, ids, list(out.outputs[0].token_ids), expected)
+
+
+@pytest.mark.parametrize("case", ["gpt-oss-MXFP4"])
+def test_dequantize_at_load_gives_the_same_tokens(case, exported, tokenizer):
+    model, path = exported(case)
+    prompt_ids = [tokenizer.encode(p) for p in PROMPTS]
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    outs = [[list(o.outputs[0].token_ids) for o in llm.generate(
+        [{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False)]
+        for llm in (load(path), load(path, dequantize_at_load=True))]
+    assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_file_is_laid_out_as_llama_cpp_writes_it(case, exported):
+    """The names and keys llama.cpp's loader looks for (a guard on the exporter itself)."""
+    model, path = exported(case)
+    model_type = CASES[case][0]
+    file = GGUFFile(path)
+    arch = ARCHS[model_type][3]
+    assert file.architecture == arch
+    names = set(file.tensors)
+    # Every tensor is one llama.cpp's loader knows for this architecture.
+    known = {gguf.TENSOR_NAMES[t].format(bid=b) for t in gguf.MODEL_TENSORS[gguf.MODEL_ARCH(
+        next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch))] for b in range(4)}
+    assert {n.rsplit(".", 1)[0] for n in names} <= known
+    last = model.config.num_hidden_layers - 1
+    assert {f"blk.{last}.ffn_gate_exps.weight", f"blk.{last}.ffn_up_exps.weight",
+            f"blk.{last}.ffn_down_exps.weight", f"blk.{last}.ffn_gate_inp.weight"} <= names
+    expected = {
+        "deepseek2": {"blk.0.attn_k_b.weight", "blk.0.attn_v_b.weight", "blk.0.ffn_gate.weight",
+                      "blk.1.ffn_gate_shexp.weight"},
+        "glm4moe": {"blk.1.exp_probs_b.bias", "blk.0.post_attention_norm.weight",
+                    "blk.2.nextn.eh_proj.weight", "blk.2.ffn_gate_exps.weight"},
+        "minimax-m2": {"blk.0.exp_probs_b.bias", "blk.0.attn_q_norm.weight"},
+        "gpt-oss": {"blk.0.attn_sinks.weight", "blk.0.ffn_gate_exps.bias",
+                    "blk.0.ffn_up_exps.bias", "blk.0.ffn_down_exps.bias"},
+        "granitemoe": set(),
+    }[arch]
+    assert expected <= names
+    assert not any("kv_b" in n for n in names)
+    if arch == "deepseek2":
+        assert file.get("deepseek2.attention.head_count_kv") == 1
+        assert file.get("deepseek2.attention.key_length") == 128 + 32
+        assert file.get("deepseek2.attention.key_length_mla") == 64
+        assert file.get("deepseek2.leading_dense_block_count") == 1
+    if arch == "glm4moe":
+        assert file.get("glm4moe.block_count") == 3
+        assert file.get("glm4moe.nextn_predict_layers") == 1
+        assert file.get("glm4moe.rope.dimension_count") == 32
+    if arch == "minimax-m2":
+        assert file.get("minimax-m2.rope.dimension_count") == 32
+    if arch == "gpt-oss":
+        assert file.get("gpt-oss.attention.sliding_window") == 6
