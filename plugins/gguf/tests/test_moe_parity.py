@@ -78,10 +78,14 @@ CASES = {
     "granitemoe-F16": ("granitemoe", T.F16, {}),
     "granitemoe-Q4_K": ("granitemoe", k_quant(T.Q4_K), {}),
     "deepseek2-F32": ("deepseek_v2", T.F32, {}),
-    # DeepSeek-V2 proper: low-rank q, group-limited routing. (Not norm_topk_prob=True:
-    # transformers' DeepseekV2 ignores it, llama.cpp and the engine renormalise.)
-    "deepseek2-Q8_0-q_lora-groups": ("deepseek_v2", T.Q8_0, dict(
-        q_lora_rank=128, n_group=2, topk_group=1, topk_method="group_limited_greedy")),
+    # DeepSeek-V2 proper: low-rank q, group-limited routing, YaRN with mscale (the
+    # file's yarn_log_multiplier). Not norm_topk_prob=True: transformers' DeepseekV2
+    # ignores it, while llama.cpp and the engine renormalise.
+    "deepseek2-Q8_0-V2": ("deepseek_v2", T.Q8_0, dict(
+        q_lora_rank=128, n_group=2, topk_group=1, topk_method="group_limited_greedy",
+        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=8.0,
+                             original_max_position_embeddings=64, beta_fast=32.0,
+                             beta_slow=1.0, mscale=0.707, mscale_all_dim=0.707))),
     "glm4moe-F16": ("glm4_moe", T.F16, {}),
     "glm4moe-Q4_K": ("glm4_moe", k_quant(T.Q4_K), {}),
     "minimax-m2-F16": ("minimax_m2", T.F16, {}),
