@@ -172,9 +172,13 @@ class MLAAttention(nn.Module):
         num_blocks = -(-max_len // bs)
         flat = metadata.block_tables[:n, :num_blocks].reshape(-1)
         entries = gather_blocks(cache, flat, "mla").view(n, 1, num_blocks * bs, -1)
-        entries = entries.to(q.dtype)
-        mask = (torch.arange(num_blocks * bs, device=q.device)[None, :]
-                < metadata.seq_lens[:n, None])[:, None, None, :]
+        valid = (torch.arange(num_blocks * bs, device=q.device)[None, :]
+                 < metadata.seq_lens[:n, None])  # [n, num_blocks * bs]
+        # NOTE: slots past a sequence's end were never written (a reused or unfilled
+        # block holds anything, NaN included): zero them, as a masked score's weight
+        # of 0 times a NaN value would still be NaN.
+        entries = entries.to(q.dtype).masked_fill(~valid[:, None, :, None], 0.0)
+        mask = valid[:, None, None, :]
         o_lat = torch.nn.functional.scaled_dot_product_attention(
             q, entries, entries[..., :self.rank], attn_mask=mask, scale=self.scale,
             enable_gqa=True)  # [n, H, 1, rank]
