@@ -9,6 +9,7 @@ sees strided typed views into its slice of every block.
 from __future__ import annotations
 
 import logging
+import mmap
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +28,22 @@ NULL_BLOCK = 0
 
 class NoFreeBlocksError(RuntimeError):
     """The pool cannot hold one more block."""
+
+
+def _zeroed_storage(num_blocks: int, bytes_per_block: int, device: torch.device) -> torch.Tensor:
+    """A zero-filled ``[num_blocks, bytes_per_block]`` uint8 pool.
+
+    Zeros matter: some attention paths read slots no token has written yet
+    (masked, but NaN garbage times a zero weight is still NaN). On CPU the
+    pool is an anonymous memory mapping, which the OS hands out zeroed and
+    backs page by page as blocks are used: ``torch.zeros`` wrote every byte
+    and made start-up seconds slower for a gigabytes-large default pool.
+    """
+    if device.type != "cpu" or num_blocks * bytes_per_block == 0:
+        return torch.zeros(num_blocks, bytes_per_block, dtype=torch.uint8, device=device)
+    mapping = mmap.mmap(-1, num_blocks * bytes_per_block)
+    storage = torch.frombuffer(mapping, dtype=torch.uint8).view(num_blocks, bytes_per_block)
+    return storage  # the tensor keeps the mapping alive through the buffer protocol
 
 
 class KVCachePool:
@@ -50,7 +67,7 @@ class KVCachePool:
             self.layer_offsets.append(offset)
             offset += spec.bytes_per_block(block_size)
         self.bytes_per_block = -(-offset // 64) * 64
-        self.storage = torch.zeros(num_blocks, self.bytes_per_block, dtype=torch.uint8, device=device)
+        self.storage = _zeroed_storage(num_blocks, self.bytes_per_block, device)
 
     @staticmethod
     def bytes_per_block_for(specs: Sequence[KVCacheSpec], block_size: int) -> int:
