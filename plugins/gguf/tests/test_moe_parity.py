@@ -18,10 +18,10 @@ import transformers
 from gguf.constants import GGMLQuantizationType as T
 from inference_engine import LLM, SamplingParams
 from inference_engine.testing_parity import assert_greedy_matches
-from inference_engine_gguf.export import export_to_gguf
+from inference_engine_gguf.export import DEEPSEEK2_BEFORE_KV_B_SPLIT, export_to_gguf
 from inference_engine_gguf.gguf_file import GGUFFile
 
-NEW_TOKENS = 8
+NEW_TOKENS = 6
 PROMPTS = ["The quick brown fox", "héllo wörld, naïve café"]
 SMALL_KV = 1 << 22
 # K = 256 along every matrix a K-quant case quantizes (hidden, o_proj, expert widths).
@@ -86,6 +86,7 @@ CASES = {
         rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=8.0,
                              original_max_position_embeddings=64, beta_fast=32.0,
                              beta_slow=1.0, mscale=0.707, mscale_all_dim=0.707))),
+    "deepseek2-F16-whole-kv_b": ("deepseek_v2", T.F16, {}),
     "glm4moe-F16": ("glm4_moe", T.F16, {}),
     "glm4moe-Q4_K": ("glm4_moe", k_quant(T.Q4_K), {}),
     "minimax-m2-F16": ("minimax_m2", T.F16, {}),
@@ -93,6 +94,9 @@ CASES = {
     "gpt-oss-F16": ("gpt_oss", T.F16, {}),
     "gpt-oss-MXFP4": ("gpt_oss", gpt_oss_mxfp4, {}),
 }
+
+# Cases written by an older converter.
+EXPORT_OPTIONS = {"deepseek2-F16-whole-kv_b": {"layout": DEEPSEEK2_BEFORE_KV_B_SPLIT}}
 
 
 def make_model(model_type: str, tokenizer, seed: int, **extra):
@@ -132,7 +136,8 @@ def exported(tmp_path_factory, tokenizer):
             model_type, qtype, extra = CASES[case]
             model = make_model(model_type, tokenizer, seed=len(case), **extra)
             path = tmp_path_factory.mktemp(case) / "model.gguf"
-            stored = export_to_gguf(model, tokenizer, path, qtype)
+            stored = export_to_gguf(model, tokenizer, path, qtype,
+                                    **EXPORT_OPTIONS.get(case, {}))
             missing = model.load_state_dict({**model.state_dict(), **stored}, strict=True)
             assert not missing.missing_keys and not missing.unexpected_keys
             model.generation_config.eos_token_id = None
@@ -220,19 +225,21 @@ def test_file_is_laid_out_as_llama_cpp_writes_it(case, exported):
     last = model.config.num_hidden_layers - 1
     assert {f"blk.{last}.ffn_gate_exps.weight", f"blk.{last}.ffn_up_exps.weight",
             f"blk.{last}.ffn_down_exps.weight", f"blk.{last}.ffn_gate_inp.weight"} <= names
+    whole_kv_b = case in EXPORT_OPTIONS
+    assert ("blk.0.attn_kv_b.weight" in names) == whole_kv_b
     expected = {
-        "deepseek2": {"blk.0.attn_k_b.weight", "blk.0.attn_v_b.weight", "blk.0.ffn_gate.weight",
-                      "blk.1.ffn_gate_shexp.weight"},
+        "deepseek2": {"blk.0.ffn_gate.weight", "blk.1.ffn_gate_shexp.weight"} | (
+            set() if whole_kv_b else {"blk.0.attn_k_b.weight", "blk.0.attn_v_b.weight"}),
         "glm4moe": {"blk.1.exp_probs_b.bias", "blk.0.post_attention_norm.weight",
-                    "blk.2.nextn.eh_proj.weight", "blk.2.ffn_gate_exps.weight"},
+                    "blk.2.nextn.eh_proj.weight", "blk.2.nextn.shared_head_head.weight",
+                    "blk.2.ffn_gate_exps.weight"},
         "minimax-m2": {"blk.0.exp_probs_b.bias", "blk.0.attn_q_norm.weight"},
         "gpt-oss": {"blk.0.attn_sinks.weight", "blk.0.ffn_gate_exps.bias",
                     "blk.0.ffn_up_exps.bias", "blk.0.ffn_down_exps.bias"},
         "granitemoe": set(),
     }[arch]
     assert expected <= names
-    assert not any("kv_b" in n for n in names)
-    if arch == "deepseek2":
+    if arch == "deepseek2" and not whole_kv_b:
         assert file.get("deepseek2.attention.head_count_kv") == 1
         assert file.get("deepseek2.attention.key_length") == 128 + 32
         assert file.get("deepseek2.attention.key_length_mla") == 64

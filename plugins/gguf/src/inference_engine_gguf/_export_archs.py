@@ -25,7 +25,8 @@ import numpy as np
 from gguf import GGUFWriter
 from gguf.constants import ExpertGatingFuncType
 
-__all__ = ["ARCH_LAYOUTS", "ArchLayout", "Split", "hparams_of", "write_hparams"]
+__all__ = ["ARCH_LAYOUTS", "DEEPSEEK2_BEFORE_KV_B_SPLIT", "ArchLayout", "Split",
+           "hparams_of", "write_hparams"]
 
 # The config as a dict (``config.to_dict()``), possibly adjusted by ``ArchLayout.prepare``.
 Hparams = dict[str, Any]
@@ -204,16 +205,33 @@ def _deepseek2_prepare(hp: Hparams) -> None:
 
 
 def _deepseek2(w: GGUFWriter, hp: Hparams) -> None:
+    """DeepseekV2Model: MLA as MQA (latent key/value lengths, per-head ``*_mla`` ones)."""
     rank, rope = hp["kv_lora_rank"], hp["qk_rope_head_dim"]
-    w.add_leading_dense_block_count(hp.get("first_k_dense_replace") or 0)
-    w.add_vocab_size(hp["vocab_size"])
-    if hp.get("q_lora_rank") is not None:
-        w.add_q_lora_rank(hp["q_lora_rank"])
-    w.add_kv_lora_rank(rank)
     w.add_key_length(rank + rope)
     w.add_value_length(rank)
     w.add_key_length_mla(hp["qk_nope_head_dim"] + rope)
     w.add_value_length_mla(hp["v_head_dim"])
+    _deepseek2_common(w, hp)
+
+
+def _deepseek2_before_split_prepare(hp: Hparams) -> None:
+    hp.setdefault("scoring_func", "softmax")
+    hp.pop("head_dim", None)
+
+
+def _deepseek2_before_split(w: GGUFWriter, hp: Hparams) -> None:
+    """The converter before the k_b/v_b split (early 2025): per-head key/value lengths."""
+    w.add_key_length(hp["qk_nope_head_dim"] + hp["qk_rope_head_dim"])
+    w.add_value_length(hp["v_head_dim"])
+    _deepseek2_common(w, hp)
+
+
+def _deepseek2_common(w: GGUFWriter, hp: Hparams) -> None:
+    w.add_leading_dense_block_count(hp.get("first_k_dense_replace") or 0)
+    w.add_vocab_size(hp["vocab_size"])
+    if hp.get("q_lora_rank") is not None:
+        w.add_q_lora_rank(hp["q_lora_rank"])
+    w.add_kv_lora_rank(hp["kv_lora_rank"])
     w.add_expert_feed_forward_length(hp["moe_intermediate_size"])
     w.add_expert_count(hp["n_routed_experts"])
     w.add_expert_shared_count(hp.get("n_shared_experts") or 0)
@@ -221,7 +239,7 @@ def _deepseek2(w: GGUFWriter, hp: Hparams) -> None:
         w.add_expert_weights_scale(hp["routed_scaling_factor"])
     if hp.get("norm_topk_prob"):  # written only when true
         w.add_expert_weights_norm(True)
-    w.add_rope_dimension_count(rope)
+    w.add_rope_dimension_count(hp["qk_rope_head_dim"])
     if hp["rope_parameters"].get("mscale_all_dim") is not None:
         w.add_rope_scaling_yarn_log_mul(0.1 * hp["rope_parameters"]["mscale_all_dim"])
 
@@ -307,6 +325,13 @@ ARCH_LAYOUTS: dict[str, ArchLayout] = {
         splits=(*((rf"mlp\.{p}", s) for p, s in STACKED_EXPERTS), _CORRECTION_BIAS)),
     "gpt_oss": ArchLayout(gguf.MODEL_ARCH.GPT_OSS, _gpt_oss, splits=_GPT_OSS),
 }
+
+
+# Older DeepSeek-V2 files (before llama.cpp split kv_b for absorbed MLA): ``attn_kv_b``
+# whole, ``key_length``/``value_length`` per head, ``head_count_kv`` = heads.
+DEEPSEEK2_BEFORE_KV_B_SPLIT = ArchLayout(
+    gguf.MODEL_ARCH.DEEPSEEK2, _deepseek2_before_split, _deepseek2_before_split_prepare,
+    splits=(*((rf"mlp\.{p}", s) for p, s in STACKED_EXPERTS), _CORRECTION_BIAS))
 
 
 def write_hparams(w: GGUFWriter, layout: ArchLayout, hp: Hparams) -> None:

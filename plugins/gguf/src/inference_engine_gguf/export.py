@@ -29,9 +29,17 @@ import torch
 from gguf import GGUFWriter, quants
 from gguf.constants import QK_K, GGMLQuantizationType
 
-from inference_engine_gguf._export_archs import ARCH_LAYOUTS, Split, hparams_of, write_hparams
+from inference_engine_gguf._export_archs import (
+    ARCH_LAYOUTS,
+    DEEPSEEK2_BEFORE_KV_B_SPLIT,
+    ArchLayout,
+    Split,
+    hparams_of,
+    write_hparams,
+)
 
-__all__ = ["export_to_gguf", "llama_permute", "quantize", "quantize_k"]
+__all__ = ["DEEPSEEK2_BEFORE_KV_B_SPLIT", "export_to_gguf", "llama_permute", "quantize",
+           "quantize_k"]
 
 T = GGMLQuantizationType
 K_TYPES = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K)
@@ -191,7 +199,8 @@ TypeChooser = Callable[[str, tuple[int, ...]], GGMLQuantizationType]
 def export_to_gguf(model: Any, tokenizer: Any, path: str | Path,
                    qtype: GGMLQuantizationType | TypeChooser = T.F16,
                    chat_template: str | None = None,
-                   extra_control_tokens: int = 0) -> dict[str, torch.Tensor]:
+                   extra_control_tokens: int = 0,
+                   layout: ArchLayout | None = None) -> dict[str, torch.Tensor]:
     """Write ``model`` (a transformers causal LM) and its byte-level BPE ``tokenizer`` to ``path``.
 
     Args:
@@ -203,13 +212,16 @@ def export_to_gguf(model: Any, tokenizer: Any, path: str | Path,
             (transformers name, GGML tensor shape) choosing it. 1-D tensors are F32.
         chat_template: stored as ``tokenizer.chat_template`` (default: the tokenizer's).
         extra_control_tokens: filler control tokens appended to reach the model's vocab.
+        layout: how the architecture is written (default: ``ARCH_LAYOUTS[model_type]``,
+            what the current converter does; e.g. ``DEEPSEEK2_BEFORE_KV_B_SPLIT`` for an
+            older file).
 
     Returns:
         transformers name -> the float32 values the file stores (dequantized
         with ``gguf.quants.dequantize``), in transformers layout.
     """
     cfg = model.config
-    layout = ARCH_LAYOUTS[cfg.model_type]
+    layout = layout or ARCH_LAYOUTS[cfg.model_type]
     hp = hparams_of(cfg)
     if layout.prepare is not None:
         layout.prepare(hp)
@@ -272,20 +284,25 @@ def _nextn_stand_ins(model: Any, hp: dict[str, Any]) -> list[tuple[str, np.ndarr
     """Stand-ins for GLM-4-MoE's next-token-prediction (MTP) blocks, which transformers drops.
 
     A released checkpoint has each as ``model.layers.L`` (``L >= num_hidden_layers``): a
-    whole decoder layer plus ``eh_proj``, ``enorm``, ``hnorm`` and ``shared_head.norm``,
-    which llama.cpp writes as ``blk.L.*`` and ``blk.L.nextn.*``. Layer ``L - 1``'s
-    tensors stand in for the decoder layer; a loader must skip these blocks.
+    whole decoder layer plus ``eh_proj``, ``enorm``, ``hnorm``, ``embed_tokens`` and
+    ``shared_head.{norm,head}``, which llama.cpp writes as ``blk.L.*`` and
+    ``blk.L.nextn.*``. Layer ``L - 1``'s tensors stand in for the decoder layer and the
+    model's embedding for the MTP ones; a loader must skip these blocks.
     """
     first = hp["num_hidden_layers"]
     hidden, last = hp["hidden_size"], f"model.layers.{first - 1}."
+    state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}
+    embed = state["model.embed_tokens.weight"]
     rng = np.random.default_rng(0)
     out: list[tuple[str, np.ndarray]] = []
     for block in range(first, hp.get("block_count", first)):
         prefix = f"model.layers.{block}."
-        out += [(prefix + name[len(last):], tensor.detach().float().numpy())
-                for name, tensor in model.state_dict().items() if name.startswith(last)]
-        out.append((prefix + "eh_proj.weight",
-                    rng.normal(0.0, 0.02, (hidden, 2 * hidden)).astype(np.float32)))
+        out += [(prefix + name[len(last):], values)
+                for name, values in state.items() if name.startswith(last)]
+        out += [(prefix + "eh_proj.weight",
+                 rng.normal(0.0, 0.02, (hidden, 2 * hidden)).astype(np.float32)),
+                (prefix + "embed_tokens.weight", embed),
+                (prefix + "shared_head.head.weight", embed)]
         out += [(f"{prefix}{norm}.weight", np.ones(hidden, np.float32))
                 for norm in ("enorm", "hnorm", "shared_head.norm")]
     return out
