@@ -76,7 +76,8 @@ def gpt_oss_mxfp4(name: str, shape: tuple[int, ...]) -> T:
 # case -> (model_type, GGML type or chooser, config overrides on top of ARCHS')
 CASES = {
     "granitemoe-F16": ("granitemoe", T.F16, {}),
-    "granitemoe-Q4_K": ("granitemoe", k_quant(T.Q4_K), {}),
+    # Granite-3 MoE ties the LM head to the embedding (no output.weight in the file).
+    "granitemoe-Q4_K-tied": ("granitemoe", k_quant(T.Q4_K), {"tie_word_embeddings": True}),
     "deepseek2-F32": ("deepseek_v2", T.F32, {}),
     # DeepSeek-V2 proper: low-rank q, group-limited routing, YaRN with mscale (the
     # file's yarn_log_multiplier). Not norm_topk_prob=True: transformers' DeepseekV2
@@ -107,9 +108,9 @@ def make_model(model_type: str, tokenizer, seed: int, **extra):
     model_cls = getattr(transformers, model_name, None)
     if config_cls is None or model_cls is None:
         pytest.skip(f"transformers {transformers.__version__} has no {model_name}")
-    params = dict(COMMON, vocab_size=len(tokenizer), tie_word_embeddings=False,
-                  eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
-                  pad_token_id=tokenizer.pad_token_id, **overrides)
+    params = {**COMMON, "vocab_size": len(tokenizer), "tie_word_embeddings": False,
+              "eos_token_id": tokenizer.eos_token_id, "bos_token_id": None,
+              "pad_token_id": tokenizer.pad_token_id, **overrides}
     torch.manual_seed(seed)
     model = model_cls(config_cls(**params)).float().eval()
     with torch.no_grad():
@@ -239,6 +240,7 @@ def test_file_is_laid_out_as_llama_cpp_writes_it(case, exported):
         "granitemoe": set(),
     }[arch]
     assert expected <= names
+    assert ("output.weight" in names) != model.config.tie_word_embeddings
     if arch == "deepseek2" and not whole_kv_b:
         assert file.get("deepseek2.attention.head_count_kv") == 1
         assert file.get("deepseek2.attention.key_length") == 128 + 32
