@@ -177,3 +177,28 @@ def test_bf16_gemm_only_when_bfloat16_was_asked_for(bf16_model):
         modules = llm.engine.model.modules()
         layers = [m for m in modules if getattr(m, "gemv_weight", None) is not None]
         assert layers and all(getattr(m, "bf16_gemm", False) == expected for m in layers), dtype
+
+
+@needs_kernel
+@pytest.mark.parametrize("runner", ["pool", "aten"])
+def test_kernel_on_either_thread_pool(runner):
+    """The same values whether the spinning pool or ATen's threads run the tasks."""
+    from inference_engine import cpu_thread_pool
+
+    module = gemv_kernel()
+    pool = cpu_thread_pool.thread_pool()
+    if runner == "pool" and pool is None:
+        pytest.skip("the pool did not build")
+    before = cpu_thread_pool.parallel_runner_address()
+    module.set_parallel_runner(int(pool.runner_address()) if runner == "pool" else 0)
+    try:
+        gen = torch.Generator().manual_seed(3)
+        weight = torch.randn(1030, 512, generator=gen).to(torch.bfloat16).float()
+        gemv_weight = bf16_gemv_weight(weight)
+        for rows in (1, 3, 8):
+            x = torch.randn(rows, 512, generator=gen)
+            ours = module.gemv(x, gemv_weight, None)
+            ref = x.double() @ weight.double().t()
+            assert ((ours.double() - ref).abs() <= _error_bound(x, weight, None)).all()
+    finally:
+        module.set_parallel_runner(before)

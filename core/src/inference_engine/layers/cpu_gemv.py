@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from inference_engine.builtin.platforms import cpu as cpu_platform
 from inference_engine.cpu_extensions import load_cpu_extension
+from inference_engine.cpu_thread_pool import PARALLEL_TASKS_CPP, parallel_runner_address
 
 __all__ = ["GEMV_MAX_ROWS", "NATIVE_BF16_GEMV_MAX_ROWS", "allow_bf16_gemm", "bf16_gemv_weight",
            "gemv_kernel", "gemv_max_rows", "small_batch_linear"]
@@ -44,6 +45,8 @@ GEMV_MAX_ROWS = 24
 """Largest number of activation rows sent to the kernel instead of MKL's float32 GEMM."""
 NATIVE_BF16_GEMV_MAX_ROWS = 8
 """The same limit where oneDNN's bf16 GEMM (a CPU with a bf16 dot product) is the alternative."""
+
+_RUNNER_SET: set[Any] = set()
 
 _SOURCE = r"""
 #include <torch/extension.h>
@@ -61,6 +64,8 @@ bool available() {
   return false;
 #endif
 }
+
+PARALLEL_TASKS
 
 #ifdef __AVX512F__
 namespace {
@@ -138,10 +143,13 @@ torch::Tensor gemv(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor
   const at::BFloat16* wp = w.data_ptr<at::BFloat16>();
   float* yp = y.data_ptr<float>();
   const int64_t blocks = N / NR;
-  // ~16K weights per task at least, so small matrices do not wake every thread.
-  const int64_t grain = std::max<int64_t>(1, 16384 / (NR * std::max<int64_t>(K, 1)));
-  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
+  // Tasks of ~32K weights (64 KB read), claimed one by one, so a thread that
+  // starts late or is descheduled takes fewer; small matrices stay on one thread.
+  const int64_t per_task = std::max<int64_t>(1, 32768 / (NR * std::max<int64_t>(K, 1)));
+  const int64_t ntasks = (blocks + per_task - 1) / per_task;
+  parallel_tasks(ntasks, [&](int64_t task) {
+    const int64_t b1 = std::min(blocks, (task + 1) * per_task);
+    for (int64_t b = task * per_task; b < b1; ++b) {
       const int64_t n = b * NR;
       int64_t m = 0;
       for (; m + 4 <= M; m += 4) tile<4>(xp + m * K, wp + n * K, yp + m * N + n, K, N);
@@ -160,11 +168,15 @@ torch::Tensor gemv(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor
 def gemv_kernel() -> Any | None:
     """The compiled module, or None where it cannot be built or the CPU lacks AVX-512."""
     module = load_cpu_extension(
-        "inference_engine_cpu_gemv_v1", _SOURCE, ["gemv", "available"],
+        "inference_engine_cpu_gemv_v2", _SOURCE.replace("PARALLEL_TASKS", PARALLEL_TASKS_CPP),
+        ["gemv", "available", "set_parallel_runner"],
         description="the CPU bf16 GEMV kernel",
     )
     if module is None or not module.available():
         return None
+    if module not in _RUNNER_SET:
+        module.set_parallel_runner(parallel_runner_address())
+        _RUNNER_SET.add(module)
     return module
 
 
