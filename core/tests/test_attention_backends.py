@@ -171,3 +171,23 @@ def test_single_decode_fast_path():
     backend = PagedAttentionBackend(HEADS, DIM, KV_HEADS, 1 / math.sqrt(DIM))
     out = backend.forward(q, kk[9:], vv[9:], (k_cache, v_cache), md)
     torch.testing.assert_close(out, reference(q, kk, vv), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("runner", ["pool", "aten"])
+def test_cpu_decode_kernel_long_contexts_on_either_thread_pool(runner):
+    """Enough work to split across threads, whichever threads run the tasks."""
+    from inference_engine import cpu_thread_pool
+
+    module = decode_kernel()
+    assert module is not None
+    pool = cpu_thread_pool.thread_pool()
+    if runner == "pool" and pool is None:
+        pytest.skip("the pool did not build")
+    before = cpu_thread_pool.parallel_runner_address()
+    module.set_parallel_runner(int(pool.runner_address()) if runner == "pool" else 0)
+    try:
+        shapes = [(c, 1) for c in (4100, 3000, 7, 2000)]  # > 2^18 multiply-adds
+        backend = PagedAttentionBackend(HEADS, DIM, KV_HEADS, 1 / math.sqrt(DIM), None)
+        check_batch(backend, shapes, len(shapes), None, seed=11)
+    finally:
+        module.set_parallel_runner(before)

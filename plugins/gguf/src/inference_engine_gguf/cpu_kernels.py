@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from gguf.constants import GGMLQuantizationType
 from inference_engine.cpu_extensions import load_cpu_extension
+from inference_engine.cpu_thread_pool import PARALLEL_TASKS_CPP, parallel_runner_address
 
 __all__ = ["KERNEL_TYPES", "dequantize", "dequantize_rows", "ggml_linear", "kernel", "supports"]
 
@@ -53,6 +54,8 @@ _SOURCE = r"""
 #if defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
+
+PARALLEL_TASKS
 
 namespace {
 
@@ -475,14 +478,14 @@ torch::Tensor ggml_linear(torch::Tensor x, torch::Tensor raw, int64_t qtype) {
   // Weight rows per tile: a multiple of 4 whose float32 buffer stays within ~64 KiB.
   const int64_t tile = std::max<int64_t>(4, std::min<int64_t>(32, (16384 / k) / 4 * 4));
   const int64_t num_tiles = (n + tile - 1) / tile;
-  // Tiles are handed out from a shared counter rather than split evenly up
-  // front: on a busy machine a thread that starts late (or is descheduled)
-  // takes fewer tiles instead of holding up the others at the barrier.
-  std::atomic<int64_t> next_tile{0};
-  const int64_t num_tasks = std::min<int64_t>(at::get_num_threads(), num_tiles);
-  at::parallel_for(0, num_tasks, 1, [&](int64_t, int64_t) {
-    std::vector<float> buf(tile * k);
-    for (int64_t ti = next_tile.fetch_add(1); ti < num_tiles; ti = next_tile.fetch_add(1)) {
+  // One task per tile, claimed one by one: on a busy machine a thread that
+  // starts late (or is descheduled) takes fewer tiles instead of holding up the
+  // others. Decode calls these back to back, so they run on the core's spinning
+  // pool where it is on (inference_engine.cpu_thread_pool).
+  parallel_tasks(num_tiles, [&](int64_t ti) {
+    thread_local std::vector<float> buf;
+    if ((int64_t)buf.size() < tile * k) buf.resize(tile * k);
+    {
       const int64_t n0 = ti * tile, rows = std::min(tile, n - n0);
       for (int64_t r = 0; r < rows; ++r)
         dequant_row(t, rp + (n0 + r) * rb, num_blocks, buf.data() + r * k);
@@ -550,12 +553,20 @@ torch::Tensor ggml_dequantize(torch::Tensor raw, int64_t qtype) {
 _CFLAGS = ("-ffp-contract=off",)
 
 
+_RUNNER_SET: set[Any] = set()
+
+
 def kernel() -> Any | None:
     """The compiled extension, or None where it cannot be built or is turned off."""
-    return load_cpu_extension(
-        "inference_engine_gguf_ggml_matmul_v7", _SOURCE,
-        ["ggml_linear", "ggml_dequantize_rows", "ggml_dequantize"],
+    module = load_cpu_extension(
+        "inference_engine_gguf_ggml_matmul_v8",
+        _SOURCE.replace("PARALLEL_TASKS", PARALLEL_TASKS_CPP),
+        ["ggml_linear", "ggml_dequantize_rows", "ggml_dequantize", "set_parallel_runner"],
         description="the CPU GGML block matmul kernel", extra_cflags=_CFLAGS)
+    if module is not None and module not in _RUNNER_SET:
+        module.set_parallel_runner(parallel_runner_address())
+        _RUNNER_SET.add(module)
+    return module
 
 
 def supports(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType) -> bool:

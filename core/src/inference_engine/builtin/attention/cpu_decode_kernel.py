@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from inference_engine.cpu_extensions import load_cpu_extension
+from inference_engine.cpu_thread_pool import PARALLEL_TASKS_CPP, parallel_runner_address
 
 __all__ = ["decode_kernel", "paged_decode_attention"]
 
@@ -30,6 +31,8 @@ _SOURCE = r"""
 #include <algorithm>
 #include <cmath>
 #include <vector>
+
+PARALLEL_TASKS
 
 // q [n, kvh, g, d] float32 contiguous; caches [num_blocks, bs, kvh, d] float32 with
 // contiguous rows (any block stride); tables [n, max_blocks] int64; lens [n] int64.
@@ -62,15 +65,16 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   const int64_t rows = kvh * g;
   const int64_t split = n < 2 * at::get_num_threads() ? kvh : 1;
   const int64_t heads_per_task = kvh / split;
-  // Waking the other threads costs more than a short decode takes (batch 1,
-  // short contexts): below ~256K multiply-adds, stay on the calling thread.
+  // Waking sleeping OpenMP threads costs more than a short decode takes (batch
+  // 1, short contexts): below ~256K multiply-adds stay on the calling thread,
+  // below ~16K where the spinning pool (inference_engine.cpu_thread_pool) runs.
   int64_t total = 0;
   for (int64_t s = 0; s < n; ++s) total += lp[s];
-  const int64_t grain = total * rows * d * 2 < (int64_t{1} << 18) ? n * split : 1;
-  at::parallel_for(0, n * split, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
-    std::vector<float> acc;
-    for (int64_t task = begin; task < end; ++task) {
+  const int64_t serial_below = ie_runner != nullptr ? (int64_t{1} << 14) : (int64_t{1} << 18);
+  auto body = [&](int64_t task) {
+    thread_local std::vector<float> scores;
+    thread_local std::vector<float> acc;
+    {
       const int64_t s = task / split;
       const int64_t h0 = (task % split) * heads_per_task, h1 = h0 + heads_per_task;
       const int64_t len = lp[s];
@@ -119,17 +123,30 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
       }
       std::copy(acc.begin() + h0 * g * d, acc.begin() + h1 * g * d, op + (s * rows + h0 * g) * d);
     }
-  });
+  };
+  if (total * rows * d * 2 < serial_below) {
+    for (int64_t task = 0; task < n * split; ++task) body(task);
+  } else {
+    parallel_tasks(n * split, body);
+  }
   return out;
 }
 """
 
+_RUNNER_SET: set[Any] = set()
+
+
 def decode_kernel() -> Any | None:
     """The compiled extension module, or None where it cannot be built (logged once)."""
-    return load_cpu_extension(
-        "inference_engine_cpu_decode_v7", _SOURCE, ["paged_decode"],
+    module = load_cpu_extension(
+        "inference_engine_cpu_decode_v8", _SOURCE.replace("PARALLEL_TASKS", PARALLEL_TASKS_CPP),
+        ["paged_decode", "set_parallel_runner"],
         description="the CPU paged-decode attention kernel", extra_cflags=("-ffast-math",),
     )
+    if module is not None and module not in _RUNNER_SET:
+        module.set_parallel_runner(parallel_runner_address())
+        _RUNNER_SET.add(module)
+    return module
 
 
 def paged_decode_attention(
