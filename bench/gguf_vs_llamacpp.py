@@ -102,12 +102,17 @@ def find_llamacpp_python(requested: str | None) -> str | None:
     return None
 
 
-def run_llamacpp(python: str, job: dict, workdir: str) -> dict:
+def run_llamacpp(python: str, job: dict, workdir: str, spinning: bool = False) -> dict:
+    """Run one job in llama.cpp's interpreter; ``spinning`` drops ``OMP_WAIT_POLICY`` from
+    its environment so its OpenMP threads spin between ops, as they do by default."""
     job_path, out_path = os.path.join(workdir, "job.json"), os.path.join(workdir, "out.json")
     with open(job_path, "w") as f:
         json.dump(job, f)
+    env = dict(os.environ)
+    if spinning:
+        env.pop("OMP_WAIT_POLICY", None)
     proc = subprocess.run([python, str(RUNNER), job_path, out_path], capture_output=True,
-                          text=True)
+                          text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"llama.cpp runner failed ({job['op']}):\n{proc.stderr[-3000:]}")
     with open(out_path) as f:
@@ -124,6 +129,20 @@ def our_logprobs(llm: LLM, tokens: list[int]) -> np.ndarray:
         for tok, lp in entry.items():
             table[r, tok] = lp.logprob if hasattr(lp, "logprob") else lp
     return table
+
+
+def our_raw_logits(llm: LLM, tokens: list[int]) -> np.ndarray:
+    """``[n, vocab]`` float32 logits at every position: one prefill step of the loaded model,
+    run directly (the engine reports log-probabilities, not logits). The engine is idle,
+    so the step may write its K/V into blocks 1.. of the pool."""
+    from inference_engine.testing_parity import Seq, make_step
+
+    block_size = llm.engine.runner.block_size
+    blocks = list(range(1, 1 + -(-len(tokens) // block_size)))
+    ids, positions, metadata = make_step([Seq(list(tokens), 0, blocks)], block_size)
+    model = llm.engine.model
+    with torch.inference_mode():
+        return model.compute_logits(model(ids, positions, metadata)).double().numpy()
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -195,7 +214,8 @@ def main() -> None:
         hf_q4 = with_file_weights(hf, q4)
         with torch.no_grad():
             hf_q4_logprobs = log_softmax(hf_q4(torch.tensor([text])).logits[0].numpy())
-            hf_logprobs = log_softmax(hf(torch.tensor([text])).logits[0].numpy())
+            hf_raw = hf(torch.tensor([text])).logits[0].double().numpy()
+            hf_logprobs = log_softmax(hf_raw)
         q4_as_f32 = os.path.join(work, "model-q4_k_m-as-f32.gguf")
         export_to_gguf(hf_q4, tokenizer, q4_as_f32, T.F32,
                        extra_control_tokens=VOCAB - len(tokenizer))
@@ -208,9 +228,12 @@ def main() -> None:
         for label, path in (("F32", f32), ("Q4_K_M", q4)):
             llm = LLM(path, dtype=args.dtype, show_progress=False, enable_prefix_caching=False)
             ours = our_logprobs(llm, text)
+            ours_raw = our_raw_logits(llm, text) if label == "F32" else None
             if label == "F32":
                 results["F32 max |logprob ours - transformers|"] = float(
                     np.abs(ours - hf_logprobs).max())
+                results["F32 max |logit ours - transformers|"] = float(
+                    np.abs(ours_raw - hf_raw).max())
             if label == "Q4_K_M":
                 results["Q4_K_M max |logprob ours - transformers on its values|"] = float(
                     np.abs(ours - hf_q4_logprobs).max())
@@ -232,8 +255,12 @@ def main() -> None:
             ref = log_softmax(raw_logits)
             diff = np.abs(ours - ref).max()
             if label == "F32":
+                results["F32 max |logit ours - llama.cpp| (raw logits, target 1e-5)"] = float(
+                    np.abs(ours_raw - raw_logits).max())
                 results["F32 max |logprob llama.cpp - transformers|"] = float(
                     np.abs(ref - hf_logprobs).max())
+                results["F32 max |logit llama.cpp - transformers|"] = float(
+                    np.abs(raw_logits - hf_raw).max())
                 results["F32 max |logit| (llama.cpp)"] = float(np.abs(raw_logits).max())
             top1 = float((ours.argmax(-1) == ref.argmax(-1)).mean())
             results[f"{label} max |logprob ours - llama.cpp|"] = float(diff)
@@ -248,14 +275,21 @@ def main() -> None:
                 results["Q4_K_M values as F32: max |logprob ours(Q4_K_M) - llama.cpp|"] = float(
                     np.abs(ours - ref).max())
         if python is not None:
-            rate = median(lambda: run_llamacpp(
-                python, {"op": "decode", "model": q4, "prompt": prompts[0],
-                         "new_tokens": args.new_tokens}, work)["tokens_per_s"],
-                args.repeats, "llama.cpp batch-1 decode")
-            results["llama.cpp batch-1 decode tok/s (Q4_K_M)"] = rate
             ours_total = results[f"ours {args.concurrency}-concurrent tok/s (Q4_K_M)"]
+            job = {"op": "decode", "model": q4, "prompt": prompts[0], "new_tokens": args.new_tokens}
+            policy = os.environ.get("OMP_WAIT_POLICY", "unset")
+            rate = median(lambda: run_llamacpp(python, job, work)["tokens_per_s"],
+                          args.repeats, "llama.cpp batch-1 decode")
+            results[f"llama.cpp batch-1 decode tok/s (Q4_K_M, OMP_WAIT_POLICY={policy})"] = rate
             results[f"ours {args.concurrency}-concurrent / llama.cpp single stream"] = round(
                 ours_total / rate, 2)
+            if policy != "unset":
+                # llama.cpp's own default: its threads spin between ops (ours stay as run).
+                rate = median(lambda: run_llamacpp(python, job, work, spinning=True)[
+                    "tokens_per_s"], args.repeats, "llama.cpp batch-1 decode, spinning threads")
+                results["llama.cpp batch-1 decode tok/s (Q4_K_M, OMP_WAIT_POLICY unset)"] = rate
+                results[f"ours {args.concurrency}-concurrent / llama.cpp single stream "
+                        "(llama.cpp spinning)"] = round(ours_total / rate, 2)
     print("\nresults")
     for name, value in results.items():
         shown = f"{value:.4g}" if isinstance(value, float) else str(value)
