@@ -180,14 +180,9 @@ def test_cpu_decode_kernel_long_contexts_on_either_thread_pool(runner):
 
     module = decode_kernel()
     assert module is not None
-    pool = cpu_thread_pool.thread_pool()
-    if runner == "pool" and pool is None:
+    if runner == "pool" and cpu_thread_pool.thread_pool() is None:
         pytest.skip("the pool did not build")
-    before = cpu_thread_pool.parallel_runner_address()
-    module.set_parallel_runner(int(pool.runner_address()) if runner == "pool" else 0)
-    try:
+    with cpu_thread_pool.kernel_runner(module, use_pool=runner == "pool"):
         shapes = [(c, 1) for c in (4100, 3000, 7, 2000)]  # > 2^18 multiply-adds
         backend = PagedAttentionBackend(HEADS, DIM, KV_HEADS, 1 / math.sqrt(DIM), None)
         check_batch(backend, shapes, len(shapes), None, seed=11)
-    finally:
-        module.set_parallel_runner(before)

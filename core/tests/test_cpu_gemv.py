@@ -186,12 +186,9 @@ def test_kernel_on_either_thread_pool(runner):
     from inference_engine import cpu_thread_pool
 
     module = gemv_kernel()
-    pool = cpu_thread_pool.thread_pool()
-    if runner == "pool" and pool is None:
+    if runner == "pool" and cpu_thread_pool.thread_pool() is None:
         pytest.skip("the pool did not build")
-    before = cpu_thread_pool.parallel_runner_address()
-    module.set_parallel_runner(int(pool.runner_address()) if runner == "pool" else 0)
-    try:
+    with cpu_thread_pool.kernel_runner(module, use_pool=runner == "pool"):
         gen = torch.Generator().manual_seed(3)
         weight = torch.randn(1030, 512, generator=gen).to(torch.bfloat16).float()
         gemv_weight = bf16_gemv_weight(weight)
@@ -200,5 +197,3 @@ def test_kernel_on_either_thread_pool(runner):
             ours = module.gemv(x, gemv_weight, None)
             ref = x.double() @ weight.double().t()
             assert ((ours.double() - ref).abs() <= _error_bound(x, weight, None)).all()
-    finally:
-        module.set_parallel_runner(before)

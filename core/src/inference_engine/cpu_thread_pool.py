@@ -21,14 +21,16 @@ is its own shared library.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 from inference_engine.cpu_extensions import load_cpu_extension
 
-__all__ = ["PARALLEL_TASKS_CPP", "SPIN_ENV", "parallel_runner_address", "pool_wanted",
-           "thread_pool"]
+__all__ = ["PARALLEL_TASKS_CPP", "SPIN_ENV", "kernel_runner", "parallel_runner_address",
+           "pool_wanted", "thread_pool"]
 
 SPIN_ENV = "INFERENCE_ENGINE_CPU_SPIN_US"
 
@@ -248,3 +250,17 @@ def parallel_runner_address() -> int:
         return 0
     module = thread_pool()
     return 0 if module is None else int(module.runner_address())
+
+
+@contextmanager
+def kernel_runner(module: Any, use_pool: bool) -> Iterator[None]:
+    """Run ``module``'s tasks on this pool (or on ATen's threads) inside the block, whatever
+    the environment chose, then restore that choice (tests and benchmarks compare both)."""
+    pool = thread_pool() if use_pool else None
+    if use_pool and pool is None:
+        raise RuntimeError("the CPU kernels' thread pool is not available (see the log)")
+    module.set_parallel_runner(int(pool.runner_address()) if pool is not None else 0)
+    try:
+        yield
+    finally:
+        module.set_parallel_runner(parallel_runner_address())

@@ -137,6 +137,22 @@ def _granitemoe(meta: _Meta, config: dict[str, Any]) -> None:
         logits_scaling=float(meta.key("logit_scale", 1.0)))
 
 
+def _routed_experts(meta: _Meta) -> dict[str, Any]:
+    """The DeepSeek-style MoE settings (DeepSeek-V2, GLM-4 MoE): experts, shared experts,
+    leading dense layers, weight scale/normalisation and group-limited routing."""
+    groups, groups_used = _groups(meta)
+    return dict(
+        n_routed_experts=int(meta.need("expert_count")),
+        num_experts_per_tok=int(meta.need("expert_used_count")),
+        moe_intermediate_size=int(meta.need("expert_feed_forward_length")),
+        n_shared_experts=int(meta.key("expert_shared_count", 0)),
+        first_k_dense_replace=int(meta.key("leading_dense_block_count", 0)),
+        routed_scaling_factor=float(meta.key("expert_weights_scale", 1.0)),
+        norm_topk_prob=bool(meta.key("expert_weights_norm", False)),
+        n_group=groups, topk_group=groups_used,
+    )
+
+
 def _deepseek2(meta: _Meta, config: dict[str, Any]) -> None:
     """MLA sizes from the ``*_mla`` keys (or the older per-head ``key_length``)."""
     _gating(meta, ExpertGatingFuncType.SOFTMAX, ExpertGatingFuncType.SOFTMAX)
@@ -151,7 +167,6 @@ def _deepseek2(meta: _Meta, config: dict[str, Any]) -> None:
         nope, v_dim = int(meta.need("attention.key_length")) - rope, int(
             meta.need("attention.value_length"))
     q_lora = meta.key("attention.q_lora_rank")
-    groups, groups_used = _groups(meta)
     config.update(
         # MLA: transformers expects as many KV heads as heads (llama.cpp writes 1).
         num_key_value_heads=heads,
@@ -159,15 +174,8 @@ def _deepseek2(meta: _Meta, config: dict[str, Any]) -> None:
         q_lora_rank=int(q_lora) if q_lora else None,
         qk_rope_head_dim=rope, qk_nope_head_dim=nope, v_head_dim=v_dim,
         qk_head_dim=nope + rope, head_dim=rope,
-        n_routed_experts=int(meta.need("expert_count")),
-        num_experts_per_tok=int(meta.need("expert_used_count")),
-        moe_intermediate_size=int(meta.need("expert_feed_forward_length")),
-        n_shared_experts=int(meta.key("expert_shared_count", 0)),
-        first_k_dense_replace=int(meta.key("leading_dense_block_count", 0)),
-        routed_scaling_factor=float(meta.key("expert_weights_scale", 1.0)),
-        norm_topk_prob=bool(meta.key("expert_weights_norm", False)),
-        n_group=groups, topk_group=groups_used,
-        topk_method="group_limited_greedy" if groups > 1 else "greedy",
+        **_routed_experts(meta),
+        topk_method="group_limited_greedy" if _groups(meta)[0] > 1 else "greedy",
         attention_bias=False)
     log_mul = meta.key("rope.scaling.yarn_log_multiplier")
     scaling = config.get("rope_scaling")
@@ -180,19 +188,11 @@ def _glm4moe(meta: _Meta, config: dict[str, Any]) -> None:
     """Partial rotary from ``rope.dimension_count``; MTP layers are not part of the model."""
     _gating(meta, ExpertGatingFuncType.SIGMOID, ExpertGatingFuncType.SIGMOID)
     nextn = int(meta.key("nextn_predict_layers", 0))
-    groups, groups_used = _groups(meta)
     config.update(
         num_hidden_layers=config["num_hidden_layers"] - nextn,
         num_nextn_predict_layers=nextn,
         partial_rotary_factor=_rotary_fraction(meta, config),
-        n_routed_experts=int(meta.need("expert_count")),
-        num_experts_per_tok=int(meta.need("expert_used_count")),
-        moe_intermediate_size=int(meta.need("expert_feed_forward_length")),
-        n_shared_experts=int(meta.key("expert_shared_count", 0)),
-        first_k_dense_replace=int(meta.key("leading_dense_block_count", 0)),
-        routed_scaling_factor=float(meta.key("expert_weights_scale", 1.0)),
-        norm_topk_prob=bool(meta.key("expert_weights_norm", False)),
-        n_group=groups, topk_group=groups_used,
+        **_routed_experts(meta),
         use_qk_norm=meta.has_tensor("blk.0.attn_q_norm.weight"),
         attention_bias=meta.has_tensor("blk.0.attn_q.bias"))
 
