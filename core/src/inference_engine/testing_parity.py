@@ -26,8 +26,8 @@ from inference_engine.engine.model_runner import attention_layers
 from inference_engine.interfaces.attention import AttentionMetadata
 from inference_engine.interfaces.model import ModelContext
 
-__all__ = ["BACKENDS", "Seq", "Twin", "assert_greedy_matches", "build_twin", "hf_logits",
-           "make_step", "randomize", "run_step", "saved_tensors"]
+__all__ = ["BACKENDS", "Seq", "Twin", "assert_greedy_matches", "build_twin", "hf_greedy",
+           "hf_logits", "make_step", "randomize", "run_step", "saved_tensors"]
 
 BACKENDS = {"torch_sdpa": TorchSDPABackend, "paged": PagedAttentionBackend}
 
@@ -138,6 +138,18 @@ def run_step(twin: Twin, seqs: Sequence[Seq]) -> torch.Tensor:
     ids, positions, metadata = make_step(seqs, twin.pool.block_size)
     with torch.inference_mode():
         return twin.model.compute_logits(twin.model(ids, positions, metadata))
+
+
+def hf_greedy(model: Any, prompts: Sequence[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """transformers' greedy continuation of each prompt, run alone (no padding)."""
+    continuations = []
+    for ids in prompts:
+        x = torch.tensor([ids])
+        with torch.no_grad():
+            out = model.generate(x, do_sample=False, max_new_tokens=max_new_tokens,
+                                 attention_mask=torch.ones_like(x))
+        continuations.append(out[0, len(ids):].tolist())
+    return continuations
 
 
 def hf_logits(model: torch.nn.Module, token_ids: list[int]) -> torch.Tensor:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from gguf.constants import GGMLQuantizationType as T
 from inference_engine import LLM, SamplingParams
-from inference_engine.testing_parity import assert_greedy_matches
+from inference_engine.testing_parity import assert_greedy_matches, hf_greedy
 from inference_engine_gguf.export import export_to_gguf
 
 NEW_TOKENS = 10
@@ -62,14 +62,7 @@ CASES = {
 def reference_continuations(model, stored, prompt_ids):
     model.load_state_dict({**model.state_dict(), **stored})
     model.generation_config.eos_token_id = None
-    conts = []
-    for ids in prompt_ids:
-        x = torch.tensor([ids])
-        with torch.no_grad():
-            out = model.generate(x, do_sample=False, max_new_tokens=NEW_TOKENS,
-                                 attention_mask=torch.ones_like(x))
-        conts.append(out[0, len(ids):].tolist())
-    return conts
+    return hf_greedy(model, prompt_ids, NEW_TOKENS)
 
 
 def run_engine(path, prompt_ids, **kwargs):

@@ -17,7 +17,7 @@ import torch
 import transformers
 from gguf.constants import GGMLQuantizationType as T
 from inference_engine import LLM, SamplingParams
-from inference_engine.testing_parity import assert_greedy_matches
+from inference_engine.testing_parity import assert_greedy_matches, hf_greedy
 from inference_engine_gguf.export import DEEPSEEK2_BEFORE_KV_B_SPLIT, export_to_gguf
 from inference_engine_gguf.gguf_file import GGUFFile
 
@@ -185,13 +185,7 @@ def test_last_position_logits_match_transformers(case, exported, tokenizer):
 def test_greedy_tokens_match_transformers(case, exported, tokenizer):
     model, path = exported(case)
     prompt_ids = [tokenizer.encode(p) for p in PROMPTS]
-    ref = []
-    for ids in prompt_ids:
-        x = torch.tensor([ids])
-        with torch.no_grad():
-            out = model.generate(x, do_sample=False, max_new_tokens=NEW_TOKENS,
-                                 attention_mask=torch.ones_like(x))
-        ref.append(out[0, len(ids):].tolist())
+    ref = hf_greedy(model, prompt_ids, NEW_TOKENS)
     llm = load(path)
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False)
