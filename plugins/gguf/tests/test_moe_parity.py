@@ -94,6 +94,9 @@ CASES = {
     "minimax-m2-Q8_0": ("minimax_m2", T.Q8_0, {}),
     "gpt-oss-F16": ("gpt_oss", T.F16, {}),
     "gpt-oss-MXFP4": ("gpt_oss", gpt_oss_mxfp4, {}),
+    # No YaRN keys in the file: plain RoPE, not transformers' GptOssConfig default YaRN.
+    "gpt-oss-F16-plain-rope": ("gpt_oss", T.F16, {"rope_parameters": dict(
+        rope_type="default", rope_theta=150000.0)}),
 }
 
 # Cases written by an older converter.

@@ -227,7 +227,10 @@ def _gpt_oss(meta: _Meta, config: dict[str, Any]) -> None:
         # Hard-coded in llama.cpp's gpt-oss graph too; the file has no keys for them.
         swiglu_alpha=1.702, swiglu_limit=7.0)
     scaling = config.get("rope_scaling")
-    if scaling is not None and scaling["rope_type"] == "yarn":
+    if scaling is None:
+        # Said outright: transformers' GptOssConfig otherwise defaults to YaRN (factor 32).
+        config["rope_scaling"] = {"rope_type": "default"}
+    elif scaling["rope_type"] == "yarn":
         # gpt-oss's reference YaRN does not round the correction range (llama.cpp does).
         scaling["truncate"] = False
 
