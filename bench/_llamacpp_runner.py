@@ -5,7 +5,8 @@ llama.cpp from source). Reads a JSON job on argv[1], writes results to argv[2]:
 
 * ``{"op": "quantize", "src": f32.gguf, "dst": out.gguf, "ftype": "Q4_K_M"}``
 * ``{"op": "logits", "model": file, "tokens": [...]}`` -> ``{"logits_npy": path}``
-  (float32 ``[n, vocab]``, f32 KV cache, flash attention off, every position)
+  (float32 ``[n, vocab]``, f32 KV cache, flash attention off, every position;
+  ``"verbose": true`` lets llama.cpp log to stderr, e.g. why it refused a file)
 * ``{"op": "decode", "model": file, "prompt": [...], "new_tokens": n}`` ->
   ``{"tokens_per_s": ..., "tokens": [...]}`` greedy, one stream, EOS ignored
 """
@@ -21,13 +22,13 @@ import time
 import numpy as np
 
 
-def _llama(model: str, n_ctx: int, logits_all: bool):
+def _llama(model: str, n_ctx: int, logits_all: bool, verbose: bool = False):
     from llama_cpp import Llama
 
     threads = int(os.environ.get("LLAMACPP_THREADS", os.cpu_count() or 1))
     return Llama(model_path=model, n_ctx=n_ctx, n_batch=min(n_ctx, 512), logits_all=logits_all,
                  type_k=0, type_v=0, flash_attn=False, n_threads=threads,
-                 n_threads_batch=threads, verbose=False, seed=0)
+                 n_threads_batch=threads, verbose=verbose, seed=0)
 
 
 def quantize(job: dict) -> dict:
@@ -44,7 +45,8 @@ def quantize(job: dict) -> dict:
 
 def logits(job: dict) -> dict:
     tokens = job["tokens"]
-    llm = _llama(job["model"], n_ctx=max(64, len(tokens) + 8), logits_all=True)
+    llm = _llama(job["model"], n_ctx=max(64, len(tokens) + 8), logits_all=True,
+                 verbose=bool(job.get("verbose")))
     llm.eval(tokens)
     scores = np.asarray(llm.scores[: len(tokens)], dtype=np.float32)
     path = job["out_npy"]
