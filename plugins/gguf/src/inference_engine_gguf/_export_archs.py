@@ -163,7 +163,6 @@ def _write_common(w: GGUFWriter, hp: Hparams) -> None:
     if hp.get("head_dim") is not None:
         w.add_key_length(hp["head_dim"])
         w.add_value_length(hp["head_dim"])
-    w.add_file_type(1)
 
 
 def _rope_dims(hp: Hparams, fraction: float = 1.0) -> int:

@@ -229,6 +229,9 @@ def export_to_gguf(model: Any, tokenizer: Any, path: str | Path,
     name_map = gguf.get_tensor_name_map(layout.arch, num_blocks)
     writer = GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[layout.arch])
     write_hparams(writer, layout, hp)
+    file_type = _file_type(qtype)
+    if file_type is not None:
+        writer.add_file_type(file_type)
     _write_tokenizer(writer, tokenizer, chat_template, extra_control_tokens)
     choose = qtype if callable(qtype) else (lambda name, shape, _t=qtype: _t)
 
@@ -278,6 +281,16 @@ def export_to_gguf(model: Any, tokenizer: Any, path: str | Path,
     writer.write_tensors_to_file()
     writer.close()
     return stored
+
+
+def _file_type(qtype: GGMLQuantizationType | TypeChooser) -> gguf.LlamaFileType | None:
+    """``general.file_type`` for one type throughout (F32 -> ALL_F32, Q8_0 -> MOSTLY_Q8_0, ...);
+    None for a mix or a type with no such name (llama.cpp then guesses it from the tensors)."""
+    if callable(qtype):
+        return None
+    if qtype == T.F32:
+        return gguf.LlamaFileType.ALL_F32
+    return getattr(gguf.LlamaFileType, f"MOSTLY_{qtype.name}", None)
 
 
 def _nextn_stand_ins(model: Any, hp: dict[str, Any]) -> list[tuple[str, np.ndarray]]:
