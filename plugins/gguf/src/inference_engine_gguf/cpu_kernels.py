@@ -205,16 +205,25 @@ inline void scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
   }
 }
 
+// The scales and mins of sub-blocks is and is + 1 (one 64-value group of Q4_K / Q5_K).
+inline void k4_scale_pair(int is, const uint8_t* scales, float d, float dmin, float* d1,
+                          float* m1, float* d2, float* m2) {
+  uint8_t sc, m;
+  scale_min_k4(is, scales, &sc, &m);
+  *d1 = d * (float)sc;
+  *m1 = dmin * (float)m;
+  scale_min_k4(is + 1, scales, &sc, &m);
+  *d2 = d * (float)sc;
+  *m2 = dmin * (float)m;
+}
+
 void dq_q4_k(const uint8_t* b, float* y) {
   const float d = f16(b), dmin = f16(b + 2);
   const uint8_t* scales = b + 4;
   const uint8_t* q = b + 16;
   for (int j = 0, is = 0; j < 256; j += 64, is += 2) {
-    uint8_t sc, m;
-    scale_min_k4(is, scales, &sc, &m);
-    const float d1 = d * (float)sc, m1 = dmin * (float)m;
-    scale_min_k4(is + 1, scales, &sc, &m);
-    const float d2 = d * (float)sc, m2 = dmin * (float)m;
+    float d1, m1, d2, m2;
+    k4_scale_pair(is, scales, d, dmin, &d1, &m1, &d2, &m2);
     for (int l = 0; l < 32; ++l) y[l] = (float)(q[l] & 0xF) * d1 - m1;
     for (int l = 0; l < 32; ++l) y[l + 32] = (float)(q[l] >> 4) * d2 - m2;
     q += 32;
@@ -229,11 +238,8 @@ void dq_q5_k(const uint8_t* b, float* y) {
   const uint8_t* ql = b + 48;
   uint8_t u1 = 1, u2 = 2;
   for (int j = 0, is = 0; j < 256; j += 64, is += 2) {
-    uint8_t sc, m;
-    scale_min_k4(is, scales, &sc, &m);
-    const float d1 = d * (float)sc, m1 = dmin * (float)m;
-    scale_min_k4(is + 1, scales, &sc, &m);
-    const float d2 = d * (float)sc, m2 = dmin * (float)m;
+    float d1, m1, d2, m2;
+    k4_scale_pair(is, scales, d, dmin, &d1, &m1, &d2, &m2);
     for (int l = 0; l < 32; ++l)
       y[l] = (float)((ql[l] & 0xF) + ((qh[l] & u1) ? 16 : 0)) * d1 - m1;
     for (int l = 0; l < 32; ++l)
@@ -304,11 +310,10 @@ void dq_q4_k_simd(const uint8_t* b, float* y) {
   const uint8_t* q = b + 16;
   const __m256i low = _mm256_set1_epi8(0x0F);
   for (int j = 0, is = 0; j < 256; j += 64, is += 2) {
-    uint8_t sc, m;
-    scale_min_k4(is, scales, &sc, &m);
-    const __m512 d1 = _mm512_set1_ps(d * (float)sc), m1 = _mm512_set1_ps(dmin * (float)m);
-    scale_min_k4(is + 1, scales, &sc, &m);
-    const __m512 d2 = _mm512_set1_ps(d * (float)sc), m2 = _mm512_set1_ps(dmin * (float)m);
+    float sd1, sm1, sd2, sm2;
+    k4_scale_pair(is, scales, d, dmin, &sd1, &sm1, &sd2, &sm2);
+    const __m512 d1 = _mm512_set1_ps(sd1), m1 = _mm512_set1_ps(sm1);
+    const __m512 d2 = _mm512_set1_ps(sd2), m2 = _mm512_set1_ps(sm2);
     const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
     const __m256i lo = _mm256_and_si256(qb, low);
     const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qb, 4), low);
@@ -559,7 +564,7 @@ _RUNNER_SET: set[Any] = set()
 def kernel() -> Any | None:
     """The compiled extension, or None where it cannot be built or is turned off."""
     module = load_cpu_extension(
-        "inference_engine_gguf_ggml_matmul_v8",
+        "inference_engine_gguf_ggml_matmul_v9",
         _SOURCE.replace("PARALLEL_TASKS", PARALLEL_TASKS_CPP),
         ["ggml_linear", "ggml_dequantize_rows", "ggml_dequantize", "set_parallel_runner"],
         description="the CPU GGML block matmul kernel", extra_cflags=_CFLAGS)
