@@ -29,8 +29,8 @@ import torch
 
 from inference_engine.cpu_extensions import load_cpu_extension
 
-__all__ = ["PARALLEL_TASKS_CPP", "SPIN_ENV", "kernel_runner", "parallel_runner_address",
-           "pool_wanted", "thread_pool"]
+__all__ = ["PARALLEL_TASKS_CPP", "SPIN_ENV", "kernel_runner", "load_pooled_extension",
+           "parallel_runner_address", "pool_wanted", "thread_pool"]
 
 SPIN_ENV = "INFERENCE_ENGINE_CPU_SPIN_US"
 
@@ -250,6 +250,24 @@ def parallel_runner_address() -> int:
         return 0
     module = thread_pool()
     return 0 if module is None else int(module.runner_address())
+
+
+_POOLED: set[str] = set()
+
+
+def load_pooled_extension(name: str, source: str, functions: list[str], *, description: str,
+                          extra_cflags: tuple[str, ...] = ()) -> Any | None:
+    """:func:`~inference_engine.cpu_extensions.load_cpu_extension` for a kernel that runs
+    ``parallel_tasks``: its source's ``PARALLEL_TASKS`` line becomes
+    :data:`PARALLEL_TASKS_CPP`, and the built module is pointed at the pool (or at ATen's
+    threads) once."""
+    module = load_cpu_extension(
+        name, source.replace("PARALLEL_TASKS", PARALLEL_TASKS_CPP),
+        [*functions, "set_parallel_runner"], description=description, extra_cflags=extra_cflags)
+    if module is not None and name not in _POOLED:
+        module.set_parallel_runner(parallel_runner_address())
+        _POOLED.add(name)
+    return module
 
 
 @contextmanager

@@ -35,8 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from inference_engine.builtin.platforms import cpu as cpu_platform
-from inference_engine.cpu_extensions import load_cpu_extension
-from inference_engine.cpu_thread_pool import PARALLEL_TASKS_CPP, parallel_runner_address
+from inference_engine.cpu_thread_pool import load_pooled_extension
 
 __all__ = ["GEMV_MAX_ROWS", "NATIVE_BF16_GEMV_MAX_ROWS", "allow_bf16_gemm", "bf16_gemv_weight",
            "gemv_kernel", "gemv_max_rows", "small_batch_linear"]
@@ -45,8 +44,6 @@ GEMV_MAX_ROWS = 24
 """Largest number of activation rows sent to the kernel instead of MKL's float32 GEMM."""
 NATIVE_BF16_GEMV_MAX_ROWS = 8
 """The same limit where oneDNN's bf16 GEMM (a CPU with a bf16 dot product) is the alternative."""
-
-_RUNNER_SET: set[Any] = set()
 
 _SOURCE = r"""
 #include <torch/extension.h>
@@ -167,16 +164,12 @@ torch::Tensor gemv(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor
 
 def gemv_kernel() -> Any | None:
     """The compiled module, or None where it cannot be built or the CPU lacks AVX-512."""
-    module = load_cpu_extension(
-        "inference_engine_cpu_gemv_v2", _SOURCE.replace("PARALLEL_TASKS", PARALLEL_TASKS_CPP),
-        ["gemv", "available", "set_parallel_runner"],
+    module = load_pooled_extension(
+        "inference_engine_cpu_gemv_v2", _SOURCE, ["gemv", "available"],
         description="the CPU bf16 GEMV kernel",
     )
     if module is None or not module.available():
         return None
-    if module not in _RUNNER_SET:
-        module.set_parallel_runner(parallel_runner_address())
-        _RUNNER_SET.add(module)
     return module
 
 

@@ -15,7 +15,7 @@ for bit; the dot products use AVX-512 FMAs when the compiler targets AVX-512F
 summation order only. :func:`dequantize_rows` exposes the dequantization alone
 (the quantized embedding's row lookup).
 
-Built on first use by :func:`inference_engine.cpu_extensions.load_cpu_extension`;
+Built on first use by :func:`inference_engine.cpu_thread_pool.load_pooled_extension`;
 wherever that is impossible, or ``INFERENCE_ENGINE_CPU_KERNELS=0``,
 :func:`kernel` is None and callers keep the torch path.
 """
@@ -26,8 +26,7 @@ from typing import Any
 
 import torch
 from gguf.constants import GGMLQuantizationType
-from inference_engine.cpu_extensions import load_cpu_extension
-from inference_engine.cpu_thread_pool import PARALLEL_TASKS_CPP, parallel_runner_address
+from inference_engine.cpu_thread_pool import load_pooled_extension
 
 __all__ = ["KERNEL_TYPES", "dequantize", "dequantize_rows", "ggml_linear", "kernel", "supports"]
 
@@ -558,20 +557,12 @@ torch::Tensor ggml_dequantize(torch::Tensor raw, int64_t qtype) {
 _CFLAGS = ("-ffp-contract=off",)
 
 
-_RUNNER_SET: set[Any] = set()
-
-
 def kernel() -> Any | None:
     """The compiled extension, or None where it cannot be built or is turned off."""
-    module = load_cpu_extension(
-        "inference_engine_gguf_ggml_matmul_v9",
-        _SOURCE.replace("PARALLEL_TASKS", PARALLEL_TASKS_CPP),
-        ["ggml_linear", "ggml_dequantize_rows", "ggml_dequantize", "set_parallel_runner"],
+    return load_pooled_extension(
+        "inference_engine_gguf_ggml_matmul_v9", _SOURCE,
+        ["ggml_linear", "ggml_dequantize_rows", "ggml_dequantize"],
         description="the CPU GGML block matmul kernel", extra_cflags=_CFLAGS)
-    if module is not None and module not in _RUNNER_SET:
-        module.set_parallel_runner(parallel_runner_address())
-        _RUNNER_SET.add(module)
-    return module
 
 
 def supports(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType) -> bool:

@@ -20,8 +20,7 @@ from typing import Any
 
 import torch
 
-from inference_engine.cpu_extensions import load_cpu_extension
-from inference_engine.cpu_thread_pool import PARALLEL_TASKS_CPP, parallel_runner_address
+from inference_engine.cpu_thread_pool import load_pooled_extension
 
 __all__ = ["decode_kernel", "paged_decode_attention"]
 
@@ -133,20 +132,12 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
 }
 """
 
-_RUNNER_SET: set[Any] = set()
-
-
 def decode_kernel() -> Any | None:
     """The compiled extension module, or None where it cannot be built (logged once)."""
-    module = load_cpu_extension(
-        "inference_engine_cpu_decode_v8", _SOURCE.replace("PARALLEL_TASKS", PARALLEL_TASKS_CPP),
-        ["paged_decode", "set_parallel_runner"],
+    return load_pooled_extension(
+        "inference_engine_cpu_decode_v8", _SOURCE, ["paged_decode"],
         description="the CPU paged-decode attention kernel", extra_cflags=("-ffast-math",),
     )
-    if module is not None and module not in _RUNNER_SET:
-        module.set_parallel_runner(parallel_runner_address())
-        _RUNNER_SET.add(module)
-    return module
 
 
 def paged_decode_attention(
