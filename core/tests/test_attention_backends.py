@@ -186,3 +186,126 @@ def test_cpu_decode_kernel_long_contexts_on_either_thread_pool(runner):
         shapes = [(c, 1) for c in (4100, 3000, 7, 2000)]  # > 2^18 multiply-adds
         backend = PagedAttentionBackend(HEADS, DIM, KV_HEADS, 1 / math.sqrt(DIM), None)
         check_batch(backend, shapes, len(shapes), None, seed=11)
+
+
+def _bf16_pool(num_blocks, kv_heads, dim, block=BLOCK):
+    """bfloat16 per-layer views into a block-contiguous pool (two layers per block)."""
+    per = block * kv_heads * dim
+    pool = torch.zeros(num_blocks, 2 * 2 * per, dtype=torch.bfloat16)
+    k = pool[:, 2 * per : 3 * per].view(num_blocks, block, kv_heads, dim)
+    v = pool[:, 3 * per : 4 * per].view(num_blocks, block, kv_heads, dim)
+    return k, v
+
+
+@pytest.mark.parametrize("dim", [64, 128, 24])  # 24: the kernel's plain-loop path
+@pytest.mark.parametrize("sliding_window", [None, 9])
+def test_cpu_decode_kernel_reads_a_bfloat16_cache(dim, sliding_window):
+    """A bfloat16 cache: the kernel equals the torch gather path on the same bf16 values."""
+    from inference_engine.builtin.attention.cpu_decode_kernel import paged_decode_attention
+
+    assert decode_kernel() is not None
+    torch.manual_seed(dim)
+    heads, kv_heads, block = 6, 2, 16
+    lens = [1, 17, 40, 95, 3]
+    nblocks = [-(-n // block) for n in lens]
+    num_blocks = sum(nblocks) + 1
+    k_cache, v_cache = _bf16_pool(num_blocks, kv_heads, dim, block)
+    k_cache.copy_(torch.randn(k_cache.shape))
+    v_cache.copy_(torch.randn(v_cache.shape))
+    perm = (torch.randperm(num_blocks - 1) + 1).tolist()
+    tables = torch.zeros(len(lens), max(nblocks), dtype=torch.long)
+    at = 0
+    for i, nb in enumerate(nblocks):
+        tables[i, :nb] = torch.tensor(perm[at : at + nb])
+        at += nb
+    q = torch.randn(len(lens), heads, dim)
+    scale = dim**-0.5
+    got = paged_decode_attention(q, k_cache, v_cache, tables, torch.tensor(lens), scale,
+                                 sliding_window)
+    assert got is not None
+    for i, n in enumerate(lens):
+        k = k_cache[tables[i]].reshape(-1, kv_heads, dim)[:n].float()
+        v = v_cache[tables[i]].reshape(-1, kv_heads, dim)[:n].float()
+        k = k.repeat_interleave(heads // kv_heads, dim=1)
+        v = v.repeat_interleave(heads // kv_heads, dim=1)
+        scores = torch.einsum("hd,khd->hk", q[i].double(), k.double()) * scale
+        if sliding_window is not None:
+            scores[:, : max(0, n - sliding_window)] = float("-inf")
+        expect = torch.einsum("hk,khd->hd", scores.softmax(-1), v.double())
+        torch.testing.assert_close(got[i].double(), expect, atol=2e-6, rtol=2e-6)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_cache_write_kernel_equals_indexed_assignment(cache_dtype):
+    """write_kv_rows stores strided rows exactly as ``cache[b, o] = x.to(dtype)`` does."""
+    from inference_engine.builtin.attention.cpu_decode_kernel import write_kv_rows
+
+    torch.manual_seed(2)
+    k_cache, v_cache = _bf16_pool(12, KV_HEADS, DIM)
+    if cache_dtype == torch.float32:
+        k_cache, v_cache = strided_pool(12)
+    fused = torch.randn(7, 3 * KV_HEADS * DIM)  # key and value are views into one row
+    key = fused[:, : KV_HEADS * DIM].view(7, KV_HEADS, DIM)
+    value = fused[:, 2 * KV_HEADS * DIM :].view(7, KV_HEADS, DIM)
+    key[0, 0, 0] = 1 + 2**-8  # a tie: rounds to even
+    key[0, 0, 1] = 1 + 3 * 2**-8
+    blocks = torch.tensor([3, 3, 5, 11, 1, 7, 7])
+    offsets = torch.tensor([0, 3, 2, 1, 0, 3, 2])
+    expect_k, expect_v = k_cache.clone(), v_cache.clone()
+    expect_k[blocks, offsets] = key.to(cache_dtype)
+    expect_v[blocks, offsets] = value.to(cache_dtype)
+    assert write_kv_rows(k_cache, v_cache, key, value, blocks, offsets)
+    assert torch.equal(k_cache, expect_k) and torch.equal(v_cache, expect_v)
+    with pytest.raises(RuntimeError, match="slot out of range"):
+        write_kv_rows(k_cache, v_cache, key, value, blocks + 20, offsets)
+
+
+def test_paged_backend_with_a_bfloat16_cache_matches_reference():
+    """A mixed step (decodes, a fresh prefill, a chunk after cached context) on a bf16 cache,
+    against attention over the bf16-rounded K/V."""
+    torch.manual_seed(4)
+    shapes = [(6, 1), (33, 1), (0, 7), (5, 4)]
+    num_blocks = sum(-(-(c + n) // BLOCK) for c, n in shapes) + 2
+    k_cache, v_cache = _bf16_pool(num_blocks, KV_HEADS, DIM)
+    backend = PagedAttentionBackend(HEADS, DIM, KV_HEADS, 1 / math.sqrt(DIM), None)
+    perm = (torch.randperm(num_blocks - 1) + 1).tolist()
+    tables, qs, ks, vs, full, slots, at = [], [], [], [], [], [], 0
+    for cached, new in shapes:
+        nb = -(-(cached + new) // BLOCK)
+        table = perm[at : at + nb]
+        at += nb
+        tables.append(table)
+        kk, vv = torch.randn(cached + new, KV_HEADS, DIM), torch.randn(cached + new, KV_HEADS, DIM)
+        for pos in range(cached + new):
+            b, o = table[pos // BLOCK], pos % BLOCK
+            if pos < cached:
+                k_cache[b, o], v_cache[b, o] = kk[pos].bfloat16(), vv[pos].bfloat16()
+            else:
+                slots.append(b * BLOCK + o)
+        full.append((kk, vv, cached))
+        qs.append(torch.randn(new, HEADS, DIM))
+        ks.append(kk[cached:])
+        vs.append(vv[cached:])
+    block_tables = torch.zeros(len(shapes), max(len(t) for t in tables), dtype=torch.long)
+    for i, t in enumerate(tables):
+        block_tables[i, : len(t)] = torch.tensor(t)
+    qlens = [n for _, n in shapes]
+    seq_lens = [c + n for c, n in shapes]
+    md = AttentionMetadata(
+        num_tokens=sum(qlens), num_decodes=2,
+        query_start_loc=torch.tensor([0, *np.cumsum(qlens).tolist()]),
+        seq_lens=torch.tensor(seq_lens), slot_mapping=torch.tensor(slots),
+        block_tables=block_tables, block_size=BLOCK, query_lens_list=qlens,
+        seq_lens_list=seq_lens, max_decode_seq_len=max(seq_lens[:2]),
+    )
+    out = backend.forward(torch.cat(qs), torch.cat(ks), torch.cat(vs), (k_cache, v_cache), md)
+    start = 0
+    for i, (kk, vv, cached) in enumerate(full):
+        n = qlens[i]
+        if cached == 0:  # a fresh prefill attends its own float32 keys
+            k_ref, v_ref = kk, vv
+        else:  # everything else reads the cache: bf16-rounded values
+            k_ref, v_ref = kk.bfloat16().float(), vv.bfloat16().float()
+        expect = reference(qs[i], k_ref, v_ref)
+        torch.testing.assert_close(out[start : start + n], expect, atol=1e-5, rtol=1e-5)
+        start += n

@@ -9,6 +9,7 @@ import transformers
 from inference_engine import LLM, SamplingParams
 from inference_engine.builtin.platforms import cpu as cpu_platform
 from inference_engine.layers.cpu_gemv import (
+    DPBF16_MAX_ROWS,
     GEMV_MAX_ROWS,
     NATIVE_BF16_GEMV_MAX_ROWS,
     bf16_gemv_weight,
@@ -197,3 +198,94 @@ def test_kernel_on_either_thread_pool(runner):
             ours = module.gemv(x, gemv_weight, None)
             ref = x.double() @ weight.double().t()
             assert ((ours.double() - ref).abs() <= _error_bound(x, weight, None)).all()
+
+
+needs_dpbf16 = pytest.mark.skipif(
+    not HAS_AVX512 or gemv_kernel() is None or not gemv_kernel().has_dpbf16(),
+    reason="the bf16 dot-product GEMM needs AVX512-BF16")
+
+
+@needs_dpbf16
+@pytest.mark.parametrize("rows", [1, 3, 4, 9, 64, 67, DPBF16_MAX_ROWS])
+@pytest.mark.parametrize("n,k", [(64, 512), (12, 32), (516, 96), (8, 1536)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_dpbf16_gemm_matches_float64_on_bf16_activations(rows, n, k, with_bias):
+    """Activations rounded to bf16 (nearest even); the sums are float32, not rounded after."""
+    gen = torch.Generator().manual_seed(rows * 7 + n + k)
+    weight = torch.randn(n, k, generator=gen).to(torch.bfloat16)
+    x = torch.randn(rows, k, generator=gen)
+    bias = torch.randn(n, generator=gen) if with_bias else None
+    ours = gemv_kernel().gemm_dpbf16(x, weight, bias)
+    x16 = x.to(torch.bfloat16)
+    ref = F.linear(x16.double(), weight.double(), None if bias is None else bias.double())
+    assert ours.shape == (rows, n) and ours.dtype == torch.float32
+    assert ((ours.double() - ref).abs() <= _error_bound(x16.float(), weight.float(), bias)).all()
+
+
+@needs_dpbf16
+def test_batches_past_the_gemv_limit_use_the_dpbf16_gemm():
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(96, 64, generator=gen).to(torch.bfloat16).float()
+    copy = bf16_gemv_weight(weight)
+    for rows in (gemv_max_rows() + 1, DPBF16_MAX_ROWS):
+        x = torch.randn(rows, 64, generator=gen)
+        got = small_batch_linear(x, weight, copy, bf16_gemm=True)
+        assert torch.equal(got, gemv_kernel().gemm_dpbf16(x, copy, None))
+    x = torch.randn(DPBF16_MAX_ROWS + 1, 64, generator=gen)  # past it: oneDNN, rounded to bf16
+    assert torch.equal(small_batch_linear(x, weight, copy, bf16_gemm=True),
+                       F.linear(x.to(torch.bfloat16), copy).float())
+
+
+def test_kv_cache_dtype_follows_the_checkpoint(bf16_model):
+    """auto: a bf16 checkpoint run in float32 caches bf16; float32 asked: float32."""
+    path, _ = bf16_model
+    cases = (("auto", "auto", torch.bfloat16), ("bfloat16", "auto", torch.bfloat16),
+             ("float32", "auto", torch.float32), ("bfloat16", "float32", torch.float32),
+             ("float32", "bfloat16", torch.bfloat16))
+    for dtype, kv, expected in cases:
+        llm = LLM(str(path), dtype=dtype, kv_cache_dtype=kv, show_progress=False,
+                  kv_cache_memory=1 << 24)
+        specs = llm.engine.runner.pool.specs
+        assert specs and all(spec.dtype == expected for spec in specs), (dtype, kv)
+    with pytest.raises(ValueError, match="--kv-cache-dtype must be one of"):
+        LLM(str(path), kv_cache_dtype="fp8", show_progress=False)
+
+
+def _rounding_cache_update(self, key_states, value_states, *args, **kwargs):
+    """transformers' DynamicLayer.update storing K/V rounded to bf16, as our bf16 cache does.
+
+    A prompt's first forward attends its own exact K/V (our fresh prefill does too);
+    later steps read everything from the rounded cache (our decode does too).
+    """
+    if not self.is_initialized:
+        self.lazy_initialization(key_states, value_states)
+    fresh = self.keys.numel() == 0
+    self.keys = torch.cat([self.keys, key_states.bfloat16().float()], dim=-2)
+    self.values = torch.cat([self.values, value_states.bfloat16().float()], dim=-2)
+    return (key_states, value_states) if fresh else (self.keys, self.values)
+
+
+def test_bf16_kv_cache_matches_transformers_with_a_rounding_cache(bf16_model, monkeypatch):
+    """float32 compute with a bf16 KV cache: greedy tokens and their log-probs equal
+    transformers whose cache rounds K/V to bf16 the same way."""
+    import transformers.cache_utils as cache_utils
+
+    path, reference = bf16_model
+    llm = LLM(str(path), dtype="float32", kv_cache_dtype="bfloat16", show_progress=False,
+              kv_cache_memory=1 << 24)
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, logprobs=1)
+    prompts = ["The quick brown fox", "Paged attention stores keys and values in blocks"]
+    outs = llm.generate(prompts, params)
+    monkeypatch.setattr(cache_utils.DynamicLayer, "update", _rounding_cache_update)
+    for out in outs:
+        ids = torch.tensor([out.prompt_token_ids])
+        with torch.no_grad():
+            ref = reference.generate(ids, do_sample=False, max_new_tokens=20,
+                                     attention_mask=torch.ones_like(ids), output_scores=True,
+                                     return_dict_in_generate=True)
+        ref_tokens = ref.sequences[0, ids.shape[1]:].tolist()
+        assert out.outputs[0].token_ids == ref_tokens
+        for step, (token, entry) in enumerate(zip(ref_tokens, out.outputs[0].logprobs,
+                                                  strict=True)):
+            ref_lp = torch.log_softmax(ref.scores[step][0].double(), -1)[token].item()
+            assert abs(entry[token].logprob - ref_lp) < 1e-4

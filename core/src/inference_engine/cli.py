@@ -94,6 +94,8 @@ def generate(
     seed: Annotated[Optional[int], typer.Option(help="Per-request sampling seed.")] = None,
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "auto",
     attention_backend: Annotated[str, typer.Option(help="Registered attention backend.")] = "paged",
+    kv_cache_dtype: Annotated[str, typer.Option(
+        help="KV cache type: auto (a bfloat16 model caches bfloat16), float32 or bfloat16.")] = "auto",
     block_size: Annotated[int, typer.Option(min=1, help="Tokens per KV block.")] = 16,
     kv_cache_memory: Annotated[Optional[int], typer.Option(help="KV pool bytes.")] = None,
     ignore_eos: Annotated[bool, typer.Option(help="Do not stop at EOS.")] = False,
@@ -116,6 +118,7 @@ def generate(
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                 top_k=top_k, seed=seed, ignore_eos=ignore_eos)
         llm = LLM(model, dtype=dtype, attention_backend=attention_backend, block_size=block_size,
+                  kv_cache_dtype=kv_cache_dtype,
                   kv_cache_memory=kv_cache_memory, show_progress=not as_json,
                   quantization=quantization, dequantize_at_load=dequantize_at_load,
                   device_ids=device_ids, platform=platform)
@@ -223,6 +226,8 @@ def serve(
     enable_prefix_caching: Annotated[bool, typer.Option(
         help="Reuse cached prompt blocks across requests.")] = True,
     attention_backend: Annotated[str, typer.Option(help="Registered attention backend.")] = "paged",
+    kv_cache_dtype: Annotated[str, typer.Option(
+        help="KV cache type: auto (a bfloat16 model caches bfloat16), float32 or bfloat16.")] = "auto",
     quantization: Annotated[Optional[str], typer.Option(
         help="Quantization method (fp8, ptpc_fp8, ...); default: the checkpoint's own.")] = None,
     dequantize_at_load: Annotated[bool, typer.Option(
@@ -262,7 +267,7 @@ def serve(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             kv_cache_memory=_parse_bytes(kv_cache_memory),
             enable_prefix_caching=enable_prefix_caching, attention_backend=attention_backend,
-            device_ids=device_ids, platform=platform, seed=seed,
+            kv_cache_dtype=kv_cache_dtype, device_ids=device_ids, platform=platform, seed=seed,
             quantization=quantization, dequantize_at_load=dequantize_at_load)
         run_server(engine_config, server_config)
     except (ValueError, UnknownNameError, OSError, TypeError) as exc:

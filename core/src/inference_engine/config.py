@@ -26,6 +26,8 @@ __all__ = [
 ]
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# KV cache element types; "auto" is the checkpoint's dtype as run (see loader.kv_cache_dtype).
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")
 
 
 def plugin_filter_from_env() -> list[str] | None:
@@ -125,12 +127,17 @@ class ModelConfig:
     max_model_len: int | None = None
     # Attention backend name as registered ("paged", "torch_sdpa").
     attention_backend: str = "paged"
+    # KV cache element type: "auto", "float32" or "bfloat16".
+    kv_cache_dtype: str = "auto"
     # Base seed for requests that set no seed of their own.
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                             f"got {self.kv_cache_dtype!r}")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise ValueError(f"--max-model-len must be positive, got {self.max_model_len}")
 

@@ -62,6 +62,19 @@ def requested_dtype(requested: str, hf_config: Any, platform: Platform) -> torch
     return dtype
 
 
+def kv_cache_dtype(option: str, asked: torch.dtype, compute: torch.dtype) -> torch.dtype:
+    """The KV cache's element type for ``--kv-cache-dtype option``.
+
+    ``auto`` keeps the checkpoint's precision as asked: a bfloat16 model that
+    the CPU computes in float32 caches K/V in bfloat16, as the model itself
+    (and transformers, vLLM) would, which halves what decode attention reads;
+    otherwise the compute dtype.
+    """
+    if option == "auto":
+        return asked if asked == torch.bfloat16 and compute == torch.float32 else compute
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[option]
+
+
 def compute_dtype(dtype: torch.dtype, platform: Platform) -> torch.dtype:
     """The dtype the platform computes a ``dtype`` model in."""
     compute = platform.compute_dtype(dtype)
@@ -147,6 +160,7 @@ def load_model(
         attention_backend=backend_cls,
         device=device,
         max_model_len=int(max_len),
+        kv_cache_dtype=kv_cache_dtype(model_config.kv_cache_dtype, asked, dtype),
     )
     with torch.device(device):
         model = model_cls(ctx)

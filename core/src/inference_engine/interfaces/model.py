@@ -33,6 +33,8 @@ class ModelContext:
     # Longest context the engine will run (``--max-model-len``); position tables
     # must cover it even where it exceeds the config's max_position_embeddings.
     max_model_len: int = 0
+    # Element type of the attention layers' KV cache; None: ``dtype``.
+    kv_cache_dtype: torch.dtype | None = None
 
 
 class CausalLM(nn.Module, ABC):

@@ -48,7 +48,7 @@ class Attention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.scale = scale
         self.sliding_window = sliding_window
-        self.dtype = ctx.dtype
+        self.dtype = ctx.kv_cache_dtype or ctx.dtype
         self.backend = ctx.attention_backend(num_heads, head_dim, num_kv_heads, scale,
                                              sliding_window)
         if sinks is not None:

@@ -24,6 +24,7 @@ from inference_engine.builtin.attention.common import (
     write_kv,
 )
 from inference_engine.builtin.attention.cpu_decode_kernel import (
+    KERNEL_CACHE_DTYPES,
     decode_kernel,
     paged_decode_attention,
 )
@@ -115,7 +116,7 @@ class PagedAttentionBackend(AttentionBackend):
         return out.view(query.shape[0], self.num_heads * self.head_dim)
 
     def prepare(self, device: torch.device, kv_dtype: torch.dtype) -> None:
-        if device.type == "cpu" and kv_dtype == torch.float32 and self.sinks is None:
+        if device.type == "cpu" and kv_dtype in KERNEL_CACHE_DTYPES:
             decode_kernel()  # built once per process (and cached on disk by torch)
 
     def _decode_groups(self, metadata: AttentionMetadata, n: int) -> list[DecodeGroup]:
@@ -153,7 +154,7 @@ class PagedAttentionBackend(AttentionBackend):
         """``[num_decodes, heads, head_dim]`` for one query per sequence."""
         n = query.shape[0]
         if self.sinks is None:
-            # CPU float32: read the blocks in place (no gather, no padding).
+            # CPU, float32 or bfloat16 cache: read the blocks in place (no gather, no padding).
             out = paged_decode_attention(query, k_cache, v_cache, metadata.block_tables[:n],
                                          metadata.seq_lens[:n], self.scale, self.sliding_window)
             if out is not None:
