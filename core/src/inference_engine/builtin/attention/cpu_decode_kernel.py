@@ -243,6 +243,23 @@ void decode_all(const torch::Tensor& q, const torch::Tensor& k_cache,
   }
 }
 
+inline void store_row(float* dst, const float* src, int64_t d) {
+  std::memcpy(dst, src, d * sizeof(float));
+}
+
+// float -> bfloat16 rounded to nearest even (NaN -> 0x7FC0), c10::BFloat16's rule,
+// written on the bits so the compiler vectorises it.
+inline void store_row(at::BFloat16* dst, const float* src, int64_t d) {
+  uint16_t* out = reinterpret_cast<uint16_t*>(dst);
+#pragma omp simd
+  for (int64_t e = 0; e < d; ++e) {
+    uint32_t u;
+    std::memcpy(&u, src + e, 4);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    out[e] = (u & 0x7fffffffu) > 0x7f800000u ? uint16_t{0x7fc0} : (uint16_t)rounded;
+  }
+}
+
 template <typename T>
 void write_rows(torch::Tensor& cache, const torch::Tensor& src, const int64_t* blocks,
                 const int64_t* offsets) {
@@ -254,8 +271,7 @@ void write_rows(torch::Tensor& cache, const torch::Tensor& src, const int64_t* b
   for (int64_t i = 0; i < t_count; ++i) {
     T* dst = cp + blocks[i] * cb + offsets[i] * ct;
     const float* row = sp + i * st;
-    for (int64_t h = 0; h < heads; ++h)
-      for (int64_t e = 0; e < d; ++e) dst[h * ch + e] = static_cast<T>(row[h * sh + e]);
+    for (int64_t h = 0; h < heads; ++h) store_row(dst + h * ch, row + h * sh, d);
   }
 }
 
@@ -317,7 +333,7 @@ void write_kv(torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor key,
 def decode_kernel() -> Any | None:
     """The compiled extension module, or None where it cannot be built (logged once)."""
     return load_pooled_extension(
-        "inference_engine_cpu_decode_v12", _SOURCE, ["paged_decode", "write_kv"],
+        "inference_engine_cpu_decode_v14", _SOURCE, ["paged_decode", "write_kv"],
         description="the CPU paged-decode attention kernel",
     )
 
