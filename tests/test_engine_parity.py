@@ -160,3 +160,56 @@ def test_context_beyond_max_position_embeddings(tmp_path, tiny_tokenizer):
                        SamplingParams(temperature=0, max_tokens=36, ignore_eos=True),
                        use_tqdm=False)[0].outputs[0].token_ids
     assert_greedy_matches(model, prompt, list(out), ref)
+
+
+@pytest.fixture(scope="module")
+def head64(tmp_path_factory, tiny_tokenizer):
+    """A qwen3 with 64-dim heads, the size the CPU attention kernels are built for (the
+    other tiny models have 16-dim heads, which take the kernels' plain loops / torch)."""
+    from inference_engine.testing import make_tiny_model
+
+    path = make_tiny_model(tmp_path_factory.mktemp("head64"), "qwen3", tokenizer=tiny_tokenizer,
+                           head_dim=64)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    conts = []
+    for prompt in PROMPTS:
+        ids = torch.tensor([tiny_tokenizer.encode(prompt)])
+        with torch.no_grad():
+            out = model.generate(ids, do_sample=False, max_new_tokens=NEW_TOKENS,
+                                 attention_mask=torch.ones_like(ids))
+        conts.append(out[0, ids.shape[1]:].tolist())
+    return path, model, conts
+
+
+@pytest.mark.parametrize("setup", ["default", "block4", "chunked", "preempt"])
+def test_greedy_parity_through_the_cpu_attention_kernels(setup, head64):
+    """Prefill (fresh and continued chunks) and decode through the C++ kernels."""
+    path, model, conts = head64
+    extra = dict(ENGINE_SETUPS[setup])
+    if setup == "preempt":
+        extra["kv_cache_memory"] = 28 * 4 * 2 * 2 * 2 * 64 * 4
+    llm = LLM(str(path), dtype="float32", show_progress=False,
+              **{"kv_cache_memory": SMALL_KV, **extra})
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    for _ in range(2):
+        outs = llm.generate(PROMPTS, params)
+        for out, ref in zip(outs, conts, strict=True):
+            assert_greedy_matches(model, out.prompt_token_ids, out.outputs[0].token_ids, ref)
+    if setup == "preempt":
+        assert llm.engine.scheduler.num_preemptions > 0, "the small pool should force preemption"
+
+
+def test_prefill_logits_through_the_cpu_attention_kernels(head64):
+    """Chunked prefill (8-token steps, 16-token blocks) logprobs against transformers."""
+    path, model, _ = head64
+    llm = LLM(str(path), dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV,
+              max_num_batched_tokens=8)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    ids = tokenizer.encode(PROMPTS[1] + " " + PROMPTS[3])
+    out = llm.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=1, prompt_logprobs=0,
+                                                                 temperature=0.0))[0]
+    with torch.no_grad():
+        ref = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+    for pos in range(1, len(ids)):
+        assert abs(out.prompt_logprobs[pos][ids[pos]].logprob - float(ref[pos - 1, ids[pos]])) < 1e-4

@@ -266,8 +266,8 @@ def test_cache_write_kernel_equals_indexed_assignment(cache_dtype):
 
 
 def test_paged_backend_with_a_bfloat16_cache_matches_reference():
-    """A mixed step (decodes, a fresh prefill, a chunk after cached context) on a bf16 cache,
-    against attention over the bf16-rounded K/V."""
+    """A mixed step (decodes, a fresh prefill, a chunk after cached context) on a bf16 cache
+    through the torch paths (8-dim heads), against attention over the bf16-rounded K/V."""
     torch.manual_seed(4)
     shapes = [(6, 1), (33, 1), (0, 7), (5, 4)]
     num_blocks = sum(-(-(c + n) // BLOCK) for c, n in shapes) + 2
@@ -305,12 +305,87 @@ def test_paged_backend_with_a_bfloat16_cache_matches_reference():
     )
     out = backend.forward(torch.cat(qs), torch.cat(ks), torch.cat(vs), (k_cache, v_cache), md)
     start = 0
-    for i, (kk, vv, cached) in enumerate(full):
+    for i, (kk, vv, _) in enumerate(full):
         n = qlens[i]
-        if cached == 0:  # a fresh prefill attends its own float32 keys
-            k_ref, v_ref = kk, vv
-        else:  # everything else reads the cache: bf16-rounded values
-            k_ref, v_ref = kk.bfloat16().float(), vv.bfloat16().float()
-        expect = reference(qs[i], k_ref, v_ref)
+        # Every path (fresh prefills too) attends the cache's bf16-rounded values.
+        expect = reference(qs[i], kk.bfloat16().float(), vv.bfloat16().float())
         torch.testing.assert_close(out[start : start + n], expect, atol=1e-5, rtol=1e-5)
         start += n
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv_heads,dim,block", [(8, 4, 64, 16), (4, 4, 32, 4),
+                                                      (8, 2, 128, 16), (6, 1, 64, 8)])
+@pytest.mark.parametrize("sliding_window", [None, 21])
+def test_cpu_prefill_kernel_matches_causal_attention(cache_dtype, heads, kv_heads, dim, block,
+                                                     sliding_window):
+    """Fresh prompts and chunks after cached context, read from a scattered cache."""
+    from inference_engine.builtin.attention.cpu_prefill_kernel import (
+        paged_prefill_attention,
+        prefill_kernel,
+    )
+
+    if prefill_kernel() is None:
+        pytest.skip("the prefill kernel needs AVX-512")
+    torch.manual_seed(dim + block)
+    chunks = [(0, 1), (0, 45), (37, 9), (5, 70), (0, 16), (130, 3)]  # (cached, new) tokens
+    lens = [c + n for c, n in chunks]
+    nblocks = [-(-n // block) for n in lens]
+    num_blocks = sum(nblocks) + 1
+    per = block * kv_heads * dim
+    pool = torch.zeros(num_blocks, 4 * per, dtype=cache_dtype)  # two layers per block
+    k_cache = pool[:, 2 * per : 3 * per].view(num_blocks, block, kv_heads, dim)
+    v_cache = pool[:, 3 * per :].view(num_blocks, block, kv_heads, dim)
+    k_cache.copy_(torch.randn(k_cache.shape) * 2)
+    v_cache.copy_(torch.randn(v_cache.shape))
+    perm = (torch.randperm(num_blocks - 1) + 1).tolist()
+    tables = torch.zeros(len(chunks), max(nblocks) + 2, dtype=torch.long)
+    at = 0
+    for i, nb in enumerate(nblocks):
+        tables[i, :nb] = torch.tensor(perm[at : at + nb])
+        at += nb
+    qlens = [n for _, n in chunks]
+    query = torch.randn(sum(qlens), heads, dim)
+    scale = dim**-0.5
+    got = paged_prefill_attention(query, k_cache, v_cache, tables, qlens, lens, scale,
+                                  sliding_window)
+    assert got is not None and got.shape == query.shape
+    start = 0
+    for i, ((cached, new), n) in enumerate(zip(chunks, lens, strict=True)):
+        k = k_cache[tables[i, : nblocks[i]]].reshape(-1, kv_heads, dim)[:n].double()
+        v = v_cache[tables[i, : nblocks[i]]].reshape(-1, kv_heads, dim)[:n].double()
+        k = k.repeat_interleave(heads // kv_heads, dim=1)
+        v = v.repeat_interleave(heads // kv_heads, dim=1)
+        q = query[start : start + new].double()
+        scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+        q_pos = torch.arange(cached, n)[:, None]
+        k_pos = torch.arange(n)[None, :]
+        allowed = k_pos <= q_pos
+        if sliding_window is not None:
+            allowed &= k_pos > q_pos - sliding_window
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        expect = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+        torch.testing.assert_close(got[start : start + new].double(), expect, atol=2e-5, rtol=2e-5)
+        start += new
+
+
+def test_prefill_kernel_refuses_what_it_cannot_do():
+    from inference_engine.builtin.attention.cpu_prefill_kernel import paged_prefill_attention
+
+    k_cache = torch.zeros(4, 16, 2, 48)  # head size 48: no instance
+    q = torch.randn(3, 4, 48)
+    assert paged_prefill_attention(q, k_cache, k_cache, torch.zeros(1, 1, dtype=torch.long), [3],
+                                   [3], 0.1, None) is None
+
+
+@pytest.mark.parametrize("sliding_window", [None, 11])
+def test_paged_backend_prefills_through_the_kernel(monkeypatch, sliding_window):
+    """Head size 64 (a kernel instance): a mixed step through the backend against reference."""
+    import sys
+
+    module = sys.modules[__name__]
+    monkeypatch.setattr(module, "DIM", 64)
+    monkeypatch.setattr(module, "BLOCK", 16)
+    shapes = [(6, 1), (40, 1), (0, 37), (20, 9), (0, 1)]
+    backend = PagedAttentionBackend(HEADS, 64, KV_HEADS, 1 / 8, sliding_window)
+    check_batch(backend, shapes, 2, sliding_window, seed=9)

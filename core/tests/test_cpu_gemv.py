@@ -252,25 +252,32 @@ def test_kv_cache_dtype_follows_the_checkpoint(bf16_model):
 
 
 def _rounding_cache_update(self, key_states, value_states, *args, **kwargs):
-    """transformers' DynamicLayer.update storing K/V rounded to bf16, as our bf16 cache does.
-
-    A prompt's first forward attends its own exact K/V (our fresh prefill does too);
-    later steps read everything from the rounded cache (our decode does too).
-    """
+    """transformers' DynamicLayer.update storing K/V rounded to bf16, as our bf16 cache
+    does; attention (prefill included) reads the rounded values, as ours does."""
     if not self.is_initialized:
         self.lazy_initialization(key_states, value_states)
-    fresh = self.keys.numel() == 0
     self.keys = torch.cat([self.keys, key_states.bfloat16().float()], dim=-2)
     self.values = torch.cat([self.values, value_states.bfloat16().float()], dim=-2)
-    return (key_states, value_states) if fresh else (self.keys, self.values)
+    return self.keys, self.values
 
 
-def test_bf16_kv_cache_matches_transformers_with_a_rounding_cache(bf16_model, monkeypatch):
+@pytest.fixture(scope="module")
+def bf16_model_head64(tmp_path_factory):
+    """As ``bf16_model`` with 64-dim heads: the CPU attention kernels' fast paths."""
+    path = make_tiny_model(tmp_path_factory.mktemp("bf16h64"), "qwen3", dtype=torch.bfloat16,
+                           tokenizer=train_tiny_tokenizer(), head_dim=64)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    reference.generation_config.eos_token_id = None
+    return path, reference
+
+
+@pytest.mark.parametrize("model", ["bf16_model", "bf16_model_head64"])
+def test_bf16_kv_cache_matches_transformers_with_a_rounding_cache(model, monkeypatch, request):
     """float32 compute with a bf16 KV cache: greedy tokens and their log-probs equal
     transformers whose cache rounds K/V to bf16 the same way."""
     import transformers.cache_utils as cache_utils
 
-    path, reference = bf16_model
+    path, reference = request.getfixturevalue(model)
     llm = LLM(str(path), dtype="float32", kv_cache_dtype="bfloat16", show_progress=False,
               kv_cache_memory=1 << 24)
     params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, logprobs=1)

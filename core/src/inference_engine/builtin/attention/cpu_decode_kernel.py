@@ -30,27 +30,12 @@ import torch
 
 from inference_engine.cpu_thread_pool import load_pooled_extension
 
-__all__ = ["KERNEL_CACHE_DTYPES", "decode_kernel", "paged_decode_attention", "write_kv_rows"]
+__all__ = ["KERNEL_CACHE_DTYPES", "SIMD_HELPERS_CPP", "decode_kernel", "paged_decode_attention", "write_kv_rows"]
 
 # Cache dtypes the kernels read and write.
 KERNEL_CACHE_DTYPES = (torch.float32, torch.bfloat16)
 
-_SOURCE = r"""
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <limits>
-#include <vector>
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
-
-PARALLEL_TASKS
-
-namespace {
-
+SIMD_HELPERS_CPP = r"""
 inline float to_float(float x) { return x; }
 inline float to_float(at::BFloat16 x) { return static_cast<float>(x); }
 
@@ -99,6 +84,27 @@ inline float exp_shifted(float* s, int64_t span, float mx) {
   return 1.f / _mm512_reduce_add_ps(acc);
 }
 #endif
+"""
+"""C++ (inside a namespace, after ``<immintrin.h>``) shared by the CPU attention kernels: float32
+or bfloat16 loads widened to float32, a vectorised exp for softmax, an in-place softmax."""
+
+_SOURCE = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+PARALLEL_TASKS
+
+namespace {
+
+SIMD_HELPERS
 
 // Where token t's row of KV head 0 lies in a block-contiguous cache.
 template <typename T>
@@ -333,7 +339,8 @@ void write_kv(torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor key,
 def decode_kernel() -> Any | None:
     """The compiled extension module, or None where it cannot be built (logged once)."""
     return load_pooled_extension(
-        "inference_engine_cpu_decode_v14", _SOURCE, ["paged_decode", "write_kv"],
+        "inference_engine_cpu_decode_v15", _SOURCE.replace("SIMD_HELPERS", SIMD_HELPERS_CPP),
+        ["paged_decode", "write_kv"],
         description="the CPU paged-decode attention kernel",
     )
 

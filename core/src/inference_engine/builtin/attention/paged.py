@@ -28,6 +28,10 @@ from inference_engine.builtin.attention.cpu_decode_kernel import (
     decode_kernel,
     paged_decode_attention,
 )
+from inference_engine.builtin.attention.cpu_prefill_kernel import (
+    paged_prefill_attention,
+    prefill_kernel,
+)
 from inference_engine.interfaces.attention import AttentionBackend, AttentionMetadata
 
 __all__ = ["DecodeGroup", "PagedAttentionBackend", "plan_decode_groups"]
@@ -97,15 +101,28 @@ class PagedAttentionBackend(AttentionBackend):
         )
         if num_decodes:
             out[:num_decodes] = self._decode(query[:num_decodes], k_cache, v_cache, metadata, gqa)
+        if self.sinks is None:
+            # CPU: every prefill chunk attends its keys where they lie in the cache.
+            seqs = slice(num_decodes, metadata.num_seqs)
+            prefill = paged_prefill_attention(
+                query[num_decodes:], k_cache, v_cache, metadata.block_tables[seqs],
+                metadata.query_lens_list[seqs], metadata.seq_lens_list[seqs], self.scale,
+                self.sliding_window)
+            if prefill is not None:
+                out[num_decodes:] = prefill
+                return out.view(query.shape[0], self.num_heads * self.head_dim)
         starts = metadata.query_start_loc.tolist()
         for i in range(num_decodes, metadata.num_seqs):
             start, end = starts[i], starts[i + 1]
             seq_len = metadata.seq_lens_list[i]
             q = query[start:end]
             if seq_len == end - start and self.sliding_window is None:
-                # Nothing cached before this chunk: attend the new keys directly.
-                out[start:end] = attend_sequence(q, key[start:end], value[start:end], self.scale,
-                                                 sinks=self.sinks)
+                # Nothing cached before this chunk: attend the new keys directly, at the
+                # cache's precision (as every other path reads them).
+                k, v = key[start:end], value[start:end]
+                if k_cache.dtype != query.dtype:
+                    k, v = k.to(k_cache.dtype).to(query.dtype), v.to(v_cache.dtype).to(query.dtype)
+                out[start:end] = attend_sequence(q, k, v, self.scale, sinks=self.sinks)
             else:
                 table = metadata.block_tables[i]
                 bs = metadata.block_size
@@ -118,6 +135,8 @@ class PagedAttentionBackend(AttentionBackend):
     def prepare(self, device: torch.device, kv_dtype: torch.dtype) -> None:
         if device.type == "cpu" and kv_dtype in KERNEL_CACHE_DTYPES:
             decode_kernel()  # built once per process (and cached on disk by torch)
+            if self.sinks is None:
+                prefill_kernel()
 
     def _decode_groups(self, metadata: AttentionMetadata, n: int) -> list[DecodeGroup]:
         """This step's decode groups, planned on the first layer and reused."""
