@@ -235,23 +235,38 @@ torch::Tensor gemm_dpbf16(torch::Tensor x, torch::Tensor w, c10::optional<torch:
   auto xb = torch::empty({M, K}, w.options());
   const float* xp = x.data_ptr<float>();
   at::BFloat16* xbp = xb.data_ptr<at::BFloat16>();
-  for (int64_t i = 0; i < M * K; i += 32) {
-    const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(xp + i + 16), _mm512_loadu_ps(xp + i));
-    _mm512_storeu_si512(reinterpret_cast<void*>(xbp + i), (__m512i)h);
+  auto convert = [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0 * K; i < r1 * K; i += 32) {
+      const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(xp + i + 16), _mm512_loadu_ps(xp + i));
+      _mm512_storeu_si512(reinterpret_cast<void*>(xbp + i), (__m512i)h);
+    }
+  };
+  const int64_t conv_rows = std::max<int64_t>(1, 16384 / K);  // ~64 KB of float32 per task
+  if (M <= conv_rows) {
+    convert(0, M);
+  } else {
+    parallel_tasks((M + conv_rows - 1) / conv_rows, [&](int64_t task) {
+      convert(task * conv_rows, std::min(M, (task + 1) * conv_rows));
+    });
   }
   const at::BFloat16* wp = w.data_ptr<at::BFloat16>();
   float* yp = y.data_ptr<float>();
   const int64_t blocks = N / 4;
-  // Tasks of ~32K weights: the tile stays in L1 while every activation row passes.
+  // Tasks of ~32K weights: the tile stays in L1 while the activation rows of one
+  // row slice (at most ~128 KB of them, so they stay in L2) pass over it.
   const int64_t per_task = std::max<int64_t>(1, 32768 / (4 * K));
   const int64_t ntasks = (blocks + per_task - 1) / per_task;
-  parallel_tasks(ntasks, [&](int64_t task) {
+  const int64_t slice = std::max<int64_t>(4, (65536 / K) / 4 * 4);
+  const int64_t nslices = (M + slice - 1) / slice;
+  parallel_tasks(ntasks * nslices, [&](int64_t job) {
+    const int64_t task = job % ntasks, m0 = (job / ntasks) * slice;
+    const int64_t m1 = std::min(M, m0 + slice);
     const int64_t b1 = std::min(blocks, (task + 1) * per_task);
     for (int64_t b = task * per_task; b < b1; ++b) {
       const int64_t n = b * 4;
-      int64_t m = 0;
-      for (; m + 4 <= M; m += 4) dp_tile<4>(xbp + m * K, wp + n * K, yp + m * N + n, K, N);
-      for (; m < M; ++m) dp_tile<1>(xbp + m * K, wp + n * K, yp + m * N + n, K, N);
+      int64_t m = m0;
+      for (; m + 4 <= m1; m += 4) dp_tile<4>(xbp + m * K, wp + n * K, yp + m * N + n, K, N);
+      for (; m < m1; ++m) dp_tile<1>(xbp + m * K, wp + n * K, yp + m * N + n, K, N);
     }
   });
 #endif
@@ -263,7 +278,7 @@ torch::Tensor gemm_dpbf16(torch::Tensor x, torch::Tensor w, c10::optional<torch:
 def gemv_kernel() -> Any | None:
     """The compiled module, or None where it cannot be built or the CPU lacks AVX-512."""
     module = load_pooled_extension(
-        "inference_engine_cpu_gemv_v4", _SOURCE, ["gemv", "available", "gemm_dpbf16", "has_dpbf16"],
+        "inference_engine_cpu_gemv_v6", _SOURCE, ["gemv", "available", "gemm_dpbf16", "has_dpbf16"],
         description="the CPU bf16 GEMV kernel",
     )
     if module is None or not module.available():
