@@ -252,7 +252,7 @@ def parallel_runner_address() -> int:
     return 0 if module is None else int(module.runner_address())
 
 
-_POOLED: set[str] = set()
+_POOLED: dict[str, Any] = {}  # name -> module (None: unavailable), pointed at the pool
 
 
 def load_pooled_extension(name: str, source: str, functions: list[str], *, description: str,
@@ -260,13 +260,17 @@ def load_pooled_extension(name: str, source: str, functions: list[str], *, descr
     """:func:`~inference_engine.cpu_extensions.load_cpu_extension` for a kernel that runs
     ``parallel_tasks``: its source's ``PARALLEL_TASKS`` line becomes
     :data:`PARALLEL_TASKS_CPP`, and the built module is pointed at the pool (or at ATen's
-    threads) once."""
+    threads) once. Called on every kernel call: the lookup is one dict access."""
+    try:
+        return _POOLED[name]
+    except KeyError:
+        pass
     module = load_cpu_extension(
         name, source.replace("PARALLEL_TASKS", PARALLEL_TASKS_CPP),
         [*functions, "set_parallel_runner"], description=description, extra_cflags=extra_cflags)
-    if module is not None and name not in _POOLED:
+    if module is not None:
         module.set_parallel_runner(parallel_runner_address())
-        _POOLED.add(name)
+    _POOLED[name] = module
     return module
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from inference_engine.cpu_extensions import load_cpu_extension
+from inference_engine.cpu_thread_pool import load_pooled_extension
 
 __all__ = ["fused_kernels", "fused_rms_norm", "fused_silu_and_mul"]
 
@@ -30,10 +30,25 @@ _SOURCE = r"""
 #include <cmath>
 #include <vector>
 
+PARALLEL_TASKS
+
 namespace {
 // Rows per task: at least ~32K elements, so decode-sized inputs run on the calling thread.
 int64_t grain_rows(int64_t width) {
   return std::max<int64_t>(1, 32768 / std::max<int64_t>(width, 1));
+}
+
+// body(begin, end) over [0, rows) in tasks of `grain` rows, on the spinning pool where
+// it is on (under OMP_WAIT_POLICY=PASSIVE waking OpenMP's threads per call cost more).
+template <class F>
+void for_rows(int64_t rows, int64_t grain, const F& body) {
+  if (rows <= grain) {
+    body(0, rows);
+    return;
+  }
+  parallel_tasks((rows + grain - 1) / grain, [&](int64_t task) {
+    body(task * grain, std::min(rows, (task + 1) * grain));
+  });
 }
 }
 
@@ -61,7 +76,7 @@ std::vector<torch::Tensor> rms_norm(torch::Tensor x, torch::Tensor weight, torch
   float* sp = has_r ? sum.data_ptr<float>() : nullptr;
   float* op = out.data_ptr<float>();
   const float e = static_cast<float>(eps);
-  at::parallel_for(0, R, grain_rows(D), [&](int64_t b, int64_t end) {
+  for_rows(R, grain_rows(D), [&](int64_t b, int64_t end) {
     for (int64_t r = b; r < end; ++r) {
       const float* src = xp + (r / B) * xa + (r % B) * xb;
       if (has_r) {
@@ -97,7 +112,7 @@ torch::Tensor silu_and_mul(torch::Tensor gate_up) {
   auto out = torch::empty({T, I}, gate_up.options());
   const float* gp = gate_up.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, T, grain_rows(I), [&](int64_t b, int64_t end) {
+  for_rows(T, grain_rows(I), [&](int64_t b, int64_t end) {
     for (int64_t t = b; t < end; ++t) {
       const float* g = gp + t * gs;
       const float* u = g + I;
@@ -117,8 +132,8 @@ _EMPTY = torch.empty(0)
 
 def fused_kernels() -> Any | None:
     """The compiled module, or None where it cannot be built (logged once)."""
-    return load_cpu_extension(
-        "inference_engine_cpu_fused_v3", _SOURCE, ["rms_norm", "silu_and_mul"],
+    return load_pooled_extension(
+        "inference_engine_cpu_fused_v4", _SOURCE, ["rms_norm", "silu_and_mul"],
         description="the CPU fused norm/activation kernels", extra_cflags=("-ffast-math",),
     )
 
