@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from inference_engine import cpu_extensions
 from inference_engine.cpu_extensions import load_cpu_extension
 
 __all__ = ["PARALLEL_TASKS_CPP", "SPIN_ENV", "kernel_runner", "load_pooled_extension",
@@ -252,7 +253,7 @@ def parallel_runner_address() -> int:
     return 0 if module is None else int(module.runner_address())
 
 
-_POOLED: dict[str, Any] = {}  # name -> module (None: unavailable), pointed at the pool
+_POOLED: dict[str, Any] = {}  # name -> built module, already pointed at the pool
 
 
 def load_pooled_extension(name: str, source: str, functions: list[str], *, description: str,
@@ -260,11 +261,10 @@ def load_pooled_extension(name: str, source: str, functions: list[str], *, descr
     """:func:`~inference_engine.cpu_extensions.load_cpu_extension` for a kernel that runs
     ``parallel_tasks``: its source's ``PARALLEL_TASKS`` line becomes
     :data:`PARALLEL_TASKS_CPP`, and the built module is pointed at the pool (or at ATen's
-    threads) once. Called on every kernel call: the lookup is one dict access."""
-    try:
-        return _POOLED[name]
-    except KeyError:
-        pass
+    threads) once. Called on every kernel call: a built module is found with two dict lookups."""
+    module = _POOLED.get(name)
+    if module is not None and cpu_extensions._MODULES.get(name) is module:
+        return module
     module = load_cpu_extension(
         name, source.replace("PARALLEL_TASKS", PARALLEL_TASKS_CPP),
         [*functions, "set_parallel_runner"], description=description, extra_cflags=extra_cflags)

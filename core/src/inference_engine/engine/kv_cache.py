@@ -243,10 +243,12 @@ def num_blocks_for_memory(memory_bytes: int, bytes_per_block: int) -> int:
     return memory_bytes // bytes_per_block
 
 
-def log_capacity(num_blocks: int, block_size: int, bytes_per_block: int) -> str:
+def log_capacity(num_blocks: int, block_size: int, bytes_per_block: int,
+                 dtypes: Sequence[torch.dtype] = ()) -> str:
+    kinds = "/".join(sorted({str(d).removeprefix("torch.") for d in dtypes}))
     message = (
         f"KV cache: {num_blocks - 1} blocks of {block_size} tokens "
-        f"({bytes_per_block * num_blocks / 2**20:.1f} MiB), "
+        f"({bytes_per_block * num_blocks / 2**20:.1f} MiB{', ' + kinds if kinds else ''}), "
         f"up to {(num_blocks - 1) * block_size} tokens in flight"
     )
     logger.info(message)

@@ -73,7 +73,8 @@ class LLMEngine:
         bytes_per_block = KVCachePool.bytes_per_block_for(self.runner.kv_cache_specs(), block_size)
         num_blocks = self._num_blocks(bytes_per_block)
         pool = self.runner.allocate_kv_cache(num_blocks)
-        self.capacity_message = log_capacity(num_blocks, block_size, pool.bytes_per_block)
+        self.capacity_message = log_capacity(num_blocks, block_size, pool.bytes_per_block,
+                                             [spec.dtype for spec in pool.specs])
         self.blocks = BlockManager(num_blocks, block_size, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(sched, self.blocks, self.max_model_len)
         from inference_engine.sampling.sampler import Sampler
