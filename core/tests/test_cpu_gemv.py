@@ -9,13 +9,14 @@ import transformers
 from inference_engine import LLM, SamplingParams
 from inference_engine.builtin.platforms import cpu as cpu_platform
 from inference_engine.layers.cpu_gemv import (
-    DPBF16_MAX_ROWS,
     GEMV_MAX_ROWS,
     NATIVE_BF16_GEMV_MAX_ROWS,
     bf16_gemv_weight,
     gemv_kernel,
     gemv_max_rows,
+    is_packed,
     small_batch_linear,
+    unpack_bf16,
 )
 from inference_engine.testing import make_tiny_model, train_tiny_tokenizer
 from inference_engine.testing_parity import assert_greedy_matches
@@ -41,16 +42,21 @@ def test_kernel_builds_on_avx512():
 
 @needs_kernel
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 13, GEMV_MAX_ROWS])
-@pytest.mark.parametrize("n,k", [(64, 512), (13, 40), (515, 96), (7, 1536), (1, 17)])
+@pytest.mark.parametrize("n,k", [(64, 512), (13, 40), (515, 96), (7, 1536), (1, 17), (48, 34),
+                                 (1040, 512)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_kernel_matches_float64(rows, n, k, with_bias):
+    """Row-major copies (shapes the packing does not take) and packed ones alike."""
     gen = torch.Generator().manual_seed(rows * 1000 + n + k)
     weight = torch.randn(n, k, generator=gen).to(torch.bfloat16).float()
     x = torch.randn(rows, k, generator=gen)
     bias = torch.randn(n, generator=gen) if with_bias else None
     gemv_weight = bf16_gemv_weight(weight)
     assert gemv_weight is not None and gemv_weight.dtype == torch.bfloat16
-    ours = gemv_kernel().gemv(x, gemv_weight, bias)
+    assert is_packed(gemv_weight) == (n % 16 == 0 and k % 2 == 0)
+    assert torch.equal(unpack_bf16(gemv_weight).float(), weight)
+    module = gemv_kernel()
+    ours = (module.gemv_packed if is_packed(gemv_weight) else module.gemv)(x, gemv_weight, bias)
     ref = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
     assert ours.shape == (rows, n) and ours.dtype == torch.float32
     assert ((ours.double() - ref).abs() <= _error_bound(x, weight, bias)).all()
@@ -58,12 +64,12 @@ def test_kernel_matches_float64(rows, n, k, with_bias):
 
 @needs_kernel
 def test_column_major_weight_and_many_rows_use_the_same_values():
-    """The copy is row-major whatever the float32 strides; past the row limit F.linear runs."""
+    """The copy holds the values whatever the float32 strides; past the row limit F.linear runs."""
     weight = torch.randn(48, 64).to(torch.bfloat16).float()
     column_major = weight.t().contiguous().t()
     gemv_weight = bf16_gemv_weight(column_major)
     assert gemv_weight is not None and gemv_weight.is_contiguous()
-    assert torch.equal(gemv_weight.float(), weight)
+    assert torch.equal(unpack_bf16(gemv_weight).float(), weight)
     x = torch.randn(GEMV_MAX_ROWS + 5, 64)
     assert torch.equal(small_batch_linear(x, column_major, gemv_weight), F.linear(x, column_major))
 
@@ -75,11 +81,11 @@ def test_row_limit_follows_the_cpus_gemm(monkeypatch, native):
     monkeypatch.setattr(cpu_platform, "has_native_bf16", lambda: native)
     limit = NATIVE_BF16_GEMV_MAX_ROWS if native else GEMV_MAX_ROWS
     assert gemv_max_rows() == limit
-    weight = torch.randn(40, 96).to(torch.bfloat16).float()
+    weight = torch.randn(48, 96).to(torch.bfloat16).float()
     gemv_weight = bf16_gemv_weight(weight)
     x = torch.randn(limit, 96)
     assert torch.equal(small_batch_linear(x, weight, gemv_weight, bf16_gemm=True),
-                       gemv_kernel().gemv(x, gemv_weight, None))
+                       gemv_kernel().gemv_packed(x, gemv_weight, None))
     x = torch.randn(limit + 1, 96)
     assert torch.equal(small_batch_linear(x, weight, gemv_weight), F.linear(x, weight))
 
@@ -92,7 +98,7 @@ def test_bf16_gemm_past_the_row_limit_rounds_like_a_bf16_model(monkeypatch, with
     weight = torch.randn(70, 256, generator=gen).to(torch.bfloat16).float()
     x = torch.randn(GEMV_MAX_ROWS + 3, 256, generator=gen)
     bias = torch.randn(70, generator=gen) if with_bias else None
-    ours = small_batch_linear(x, weight, weight.to(torch.bfloat16), bias, bf16_gemm=True)
+    ours = small_batch_linear(x, weight, bf16_gemv_weight(weight), bias, bf16_gemm=True)
     x16 = x.to(torch.bfloat16).double()
     ref = x16 @ weight.double().t()
     bound = 2.0 ** -8 * ref.abs() + _error_bound(x16.float(), weight, None)
@@ -121,6 +127,7 @@ def test_disabled_kernels_fall_back(monkeypatch):
     monkeypatch.setattr(cpu_platform, "has_native_bf16", lambda: True)
     copy = cpu_gemv.bf16_gemv_weight(weight)
     assert copy is not None
+    assert not cpu_gemv.is_packed(copy)  # no kernel: the oneDNN path's row-major copy
     assert torch.equal(cpu_gemv.small_batch_linear(x, weight, copy, bf16_gemm=True),
                        F.linear(x.to(torch.bfloat16), copy).float())
 
@@ -191,11 +198,15 @@ def test_kernel_on_either_thread_pool(runner):
         pytest.skip("the pool did not build")
     with cpu_thread_pool.kernel_runner(module, use_pool=runner == "pool"):
         gen = torch.Generator().manual_seed(3)
-        weight = torch.randn(1030, 512, generator=gen).to(torch.bfloat16).float()
+        weight = torch.randn(1040, 512, generator=gen).to(torch.bfloat16).float()
         gemv_weight = bf16_gemv_weight(weight)
-        for rows in (1, 3, 8):
+        row_major = unpack_bf16(gemv_weight).contiguous()
+        for rows in (1, 3, 8, 33):
             x = torch.randn(rows, 512, generator=gen)
-            ours = module.gemv(x, gemv_weight, None)
+            ours = module.gemv_packed(x, gemv_weight, None)
+            assert ((ours.double() - x.double() @ weight.double().t()).abs()
+                    <= _error_bound(x, weight, None)).all()
+            ours = module.gemv(x, row_major, None)
             ref = x.double() @ weight.double().t()
             assert ((ours.double() - ref).abs() <= _error_bound(x, weight, None)).all()
 
@@ -206,16 +217,18 @@ needs_dpbf16 = pytest.mark.skipif(
 
 
 @needs_dpbf16
-@pytest.mark.parametrize("rows", [1, 3, 4, 9, 64, 67, DPBF16_MAX_ROWS])
-@pytest.mark.parametrize("n,k", [(64, 512), (12, 32), (516, 96), (8, 1536)])
+@pytest.mark.parametrize("rows", [1, 3, 4, 6, 7, 13, 64, 67, 700])
+@pytest.mark.parametrize("n,k", [(64, 512), (16, 2), (1040, 96), (48, 1536)])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_dpbf16_gemm_matches_float64_on_bf16_activations(rows, n, k, with_bias):
+def test_packed_dpbf16_gemm_matches_float64_on_bf16_activations(rows, n, k, with_bias):
     """Activations rounded to bf16 (nearest even); the sums are float32, not rounded after."""
     gen = torch.Generator().manual_seed(rows * 7 + n + k)
     weight = torch.randn(n, k, generator=gen).to(torch.bfloat16)
     x = torch.randn(rows, k, generator=gen)
     bias = torch.randn(n, generator=gen) if with_bias else None
-    ours = gemv_kernel().gemm_dpbf16(x, weight, bias)
+    packed = gemv_kernel().pack_bf16(weight)
+    assert torch.equal(unpack_bf16(packed), weight)
+    ours = gemv_kernel().gemm_packed(x, packed, bias)
     x16 = x.to(torch.bfloat16)
     ref = F.linear(x16.double(), weight.double(), None if bias is None else bias.double())
     assert ours.shape == (rows, n) and ours.dtype == torch.float32
@@ -223,17 +236,22 @@ def test_dpbf16_gemm_matches_float64_on_bf16_activations(rows, n, k, with_bias):
 
 
 @needs_dpbf16
-def test_batches_past_the_gemv_limit_use_the_dpbf16_gemm():
+def test_batches_past_the_gemv_limit_use_the_packed_gemm():
     gen = torch.Generator().manual_seed(3)
     weight = torch.randn(96, 64, generator=gen).to(torch.bfloat16).float()
     copy = bf16_gemv_weight(weight)
-    for rows in (gemv_max_rows() + 1, DPBF16_MAX_ROWS):
+    assert is_packed(copy)
+    for rows in (gemv_max_rows() + 1, 300, 2100):
         x = torch.randn(rows, 64, generator=gen)
         got = small_batch_linear(x, weight, copy, bf16_gemm=True)
-        assert torch.equal(got, gemv_kernel().gemm_dpbf16(x, copy, None))
-    x = torch.randn(DPBF16_MAX_ROWS + 1, 64, generator=gen)  # past it: oneDNN, rounded to bf16
-    assert torch.equal(small_batch_linear(x, weight, copy, bf16_gemm=True),
-                       F.linear(x.to(torch.bfloat16), copy).float())
+        assert torch.equal(got, gemv_kernel().gemm_packed(x, copy, None))
+    # A shape the packing does not take keeps a row-major copy and oneDNN (rounded to bf16).
+    odd = torch.randn(90, 64, generator=gen).to(torch.bfloat16).float()
+    row_major = bf16_gemv_weight(odd)
+    assert not is_packed(row_major)
+    x = torch.randn(40, 64, generator=gen)
+    assert torch.equal(small_batch_linear(x, odd, row_major, bf16_gemm=True),
+                       F.linear(x.to(torch.bfloat16), row_major).float())
 
 
 def test_kv_cache_dtype_follows_the_checkpoint(bf16_model):
