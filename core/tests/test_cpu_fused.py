@@ -81,3 +81,25 @@ def test_other_dtypes_and_shapes_use_torch():
     assert fused_rms_norm(torch.randn(2, 8).t(), None, EPS) is None  # last dim not contiguous
     assert fused_rms_norm(torch.randn(2, 8), None, EPS, torch.randn(3, 8)) is None
     assert fused_silu_and_mul(torch.randn(2, 3, 8)) is None
+
+
+@pytest.mark.parametrize("partial", [1.0, 0.5, 0.25])
+def test_fused_rope_matches_the_torch_rotation(partial):
+    """One-pass rotary against RotaryTable's torch ops (full and partial rotary, strided heads)."""
+    import dataclasses
+
+    import transformers
+    from inference_engine.layers.cpu_fused import fused_kernels
+    from inference_engine.layers.rotary import RotaryEmbedding, rope_parameters
+
+    if fused_kernels() is None:
+        pytest.skip("the fused kernels did not build")
+    config = transformers.LlamaConfig(head_dim=64, partial_rotary_factor=partial)
+    rope = RotaryEmbedding(64, 512, rope_parameters(config), torch.float32)
+    table = rope.lookup(torch.randint(0, 512, (29,), generator=torch.Generator().manual_seed(1)))
+    x = torch.randn(29, 20, 64)[:, 3:15]  # heads taken out of a wider fused projection
+    fused = table.rotate(x)
+    reference = dataclasses.replace(table, rows=None).rotate(x)
+    assert fused.is_contiguous() and fused.shape == x.shape
+    torch.testing.assert_close(fused, reference, atol=1e-6, rtol=1e-6)
+    assert torch.equal(fused[..., table.rot_dim:], x[..., table.rot_dim:])

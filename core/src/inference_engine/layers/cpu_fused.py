@@ -21,7 +21,7 @@ import torch
 
 from inference_engine.cpu_thread_pool import load_pooled_extension
 
-__all__ = ["fused_kernels", "fused_rms_norm", "fused_silu_and_mul"]
+__all__ = ["fused_kernels", "fused_rms_norm", "fused_rope", "fused_silu_and_mul"]
 
 _SOURCE = r"""
 #include <torch/extension.h>
@@ -125,6 +125,37 @@ torch::Tensor silu_and_mul(torch::Tensor gate_up) {
   });
   return out;
 }
+
+// x [T, H, D] (any strides for T and H, elements contiguous); table [T, 2R] float32 rows
+// [cos (R, both halves) | -sin (R/2) | sin (R/2)]. Returns x with its first R dims of
+// every head rotated as neox halves, contiguous [T, H, D].
+torch::Tensor rope_neox(torch::Tensor x, torch::Tensor table) {
+  TORCH_CHECK(x.dim() == 3 && x.scalar_type() == torch::kFloat32 && x.stride(2) == 1);
+  TORCH_CHECK(table.dim() == 2 && table.scalar_type() == torch::kFloat32 && table.stride(1) == 1);
+  const int64_t T = x.size(0), H = x.size(1), D = x.size(2), R = table.size(1) / 2, h = R / 2;
+  TORCH_CHECK(table.size(0) == T && R % 2 == 0 && R <= D, "table does not fit x");
+  auto out = torch::empty({T, H, D}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* tp = table.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t xt = x.stride(0), xh = x.stride(1), ts = table.stride(0);
+  for_rows(T * H, grain_rows(D), [&](int64_t b, int64_t end) {
+    for (int64_t r = b; r < end; ++r) {
+      const int64_t t = r / H;
+      const float* src = xp + t * xt + (r % H) * xh;
+      const float* cs = tp + t * ts;
+      const float* ns = cs + R;
+      const float* sn = ns + h;
+      float* dst = op + r * D;
+#pragma omp simd
+      for (int64_t i = 0; i < h; ++i) dst[i] = src[i] * cs[i] + src[i + h] * ns[i];
+#pragma omp simd
+      for (int64_t i = 0; i < h; ++i) dst[i + h] = src[i + h] * cs[i + h] + src[i] * sn[i];
+      for (int64_t i = R; i < D; ++i) dst[i] = src[i];
+    }
+  });
+  return out;
+}
 """
 
 _EMPTY = torch.empty(0)
@@ -133,7 +164,7 @@ _EMPTY = torch.empty(0)
 def fused_kernels() -> Any | None:
     """The compiled module, or None where it cannot be built (logged once)."""
     return load_pooled_extension(
-        "inference_engine_cpu_fused_v4", _SOURCE, ["rms_norm", "silu_and_mul"],
+        "inference_engine_cpu_fused_v5", _SOURCE, ["rms_norm", "silu_and_mul", "rope_neox"],
         description="the CPU fused norm/activation kernels", extra_cflags=("-ffast-math",),
     )
 
@@ -177,3 +208,14 @@ def fused_silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     if module is None:
         return None
     return module.silu_and_mul(gate_up)
+
+
+def fused_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor | None:
+    """``x [T, H, D]`` with neox rotary applied from ``table [T, 2R]`` rows
+    ``[cos | cos | -sin | sin]`` in one pass, or None (use torch)."""
+    if x.dim() != 3 or not _usable(x) or not _usable(table) or table.dim() != 2:
+        return None
+    module = fused_kernels()
+    if module is None:
+        return None
+    return module.rope_neox(x, table)

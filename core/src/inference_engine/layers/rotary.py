@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from inference_engine.layers.cpu_fused import fused_rope
+
 __all__ = ["RotaryEmbedding", "RotaryTable", "inv_frequencies", "rope_parameters"]
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
@@ -43,13 +45,20 @@ class RotaryTable:
     sin: torch.Tensor
     rot_dim: int
     head_dim: int
+    # [T, 2 * rot_dim]: the rows cos/neg_sin/sin are views of (the fused CPU kernel's input).
+    rows: torch.Tensor | None = None
 
     def rotate(self, x: torch.Tensor) -> torch.Tensor:
         """A rotated copy of ``x [T, heads, head_dim]`` (any strides); neox halves.
 
-        ``out = x * cos + rotate_half(x) * sin`` written as one multiply and two
-        fused multiply-adds, with no concatenation.
+        ``out = x * cos + rotate_half(x) * sin``: one pass of a C++ kernel on CPU
+        in float32, else one multiply and two fused multiply-adds, with no
+        concatenation (the reference the kernel is tested against).
         """
+        if self.rows is not None and x.dim() == 3:
+            fused = fused_rope(x, self.rows)
+            if fused is not None:
+                return fused
         if self.rot_dim == self.head_dim:
             out = x * self.cos
             out_1, out_2 = out.chunk(2, dim=-1)
@@ -236,9 +245,11 @@ class RotaryEmbedding(nn.Module):
 
     def lookup(self, positions: torch.Tensor) -> RotaryTable:
         """cos/sin of ``positions [T]``; do it once per step and hand it to every layer."""
-        rows = self.cos_sin_cache.index_select(0, positions).unsqueeze(1)
+        flat = self.cos_sin_cache.index_select(0, positions)
+        rows = flat.unsqueeze(1)
         r, h = self.rot_dim, self.rot_dim // 2
-        return RotaryTable(rows[..., :r], rows[..., r:r + h], rows[..., r + h:], r, self.head_dim)
+        return RotaryTable(rows[..., :r], rows[..., r:r + h], rows[..., r + h:], r, self.head_dim,
+                           flat)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor,
                 k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
