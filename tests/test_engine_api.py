@@ -97,6 +97,33 @@ def test_abort_frees_blocks(llm):
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks - 1
 
 
+def test_final_only_requests_report_once_with_the_incremental_text(llm):
+    """LLM.generate's final-only requests: one output each, at the end, whose text equals
+    what step-by-step detokenization (streaming) produced and the tokenizer's own decode."""
+    engine = llm.engine
+    prompts = ["héllo wörld", "The quick brown fox", "1 2 3"]
+    params = [SamplingParams(temperature=0.8, seed=i, max_tokens=20 + 3 * i) for i in range(3)]
+    texts = {}
+    for final_only in (False, True):
+        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+            engine.add_request(prompt, p, request_id=f"fo-{final_only}-{i}", final_only=final_only)
+        reports: dict[str, list] = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                reports.setdefault(out.request_id, []).append(out)
+        for i in range(3):
+            outs = reports[f"fo-{final_only}-{i}"]
+            assert outs[-1].finished
+            if final_only:
+                assert len(outs) == 1
+            texts[(final_only, i)] = (outs[-1].outputs[0].text, outs[-1].outputs[0].token_ids)
+    tokenizer = llm.get_tokenizer()
+    for i in range(3):
+        assert texts[(True, i)] == texts[(False, i)]
+        text, ids = texts[(True, i)]
+        assert text == tokenizer.decode(ids, skip_special_tokens=True)
+
+
 def test_chat_applies_template(llm):
     out = llm.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=2, temperature=0))
     tokenizer = llm.get_tokenizer()

@@ -41,6 +41,9 @@ class _Group:
     children: list[Request]
     num_cached_tokens: int = 0
     reported_finished: bool = False
+    # Report only the finished output (offline generate): no per-step outputs, and text
+    # detokenized once at the end unless stop strings need it as it grows.
+    final_only: bool = False
 
 
 class LLMEngine:
@@ -123,8 +126,10 @@ class LLMEngine:
         prompt: PromptInput,
         params: SamplingParams | None = None,
         request_id: str | None = None,
+        final_only: bool = False,
     ) -> str:
-        """Queue a request; returns its id.
+        """Queue a request; returns its id. ``final_only``: :meth:`step` reports it once, finished
+        (as vLLM's ``RequestOutputKind.FINAL_ONLY``), and its text is decoded then.
 
         Raises:
             ValueError: empty prompt, a prompt at or over the context limit, token
@@ -163,7 +168,7 @@ class LLMEngine:
             child.extra["group"] = request_id
             child.extra["detokenizer"] = self._detokenizer(token_ids, child_params)
             children.append(child)
-        group = _Group(request_id, text, token_ids, children)
+        group = _Group(request_id, text, token_ids, children, final_only=final_only)
         self._groups[request_id] = group
         for child in children:
             self.scheduler.add(child)
@@ -225,6 +230,8 @@ class LLMEngine:
         if not out.is_empty:
             self._run(out, touched)
         for group in touched.values():
+            if group.final_only and not all(c.is_finished for c in group.children):
+                continue
             output = self._group_output(group)
             outputs.append(output)
             if output.finished:
@@ -284,7 +291,8 @@ class LLMEngine:
         num_out = len(request.output_token_ids)
         is_eos = token in request.eos_token_ids and num_out > params.min_tokens - 1
         stop_strings = params.stop or []
-        detok.add_tokens([token])
+        if stop_strings or not self._groups[request.extra["group"]].final_only:
+            detok.add_tokens([token])  # else _group_output catches up once, at the end
         if stop_strings and num_out >= params.min_tokens:
             from inference_engine.detokenizer import find_stop
 
@@ -308,6 +316,11 @@ class LLMEngine:
         completions = []
         for child in group.children:
             detok = child.extra["detokenizer"]
+            missing = len(child.output_token_ids) - detok.num_output_tokens
+            if missing > 0:  # a final_only request's text, decoded at once
+                detok.add_tokens(child.output_token_ids[-missing:])
+                if child.is_finished:
+                    detok.flush()
             text = child.extra.get("final_text")
             if text is None:
                 text = detok.text

@@ -56,7 +56,8 @@ class LLM:
         ids = []
         try:
             for i, (prompt, params) in enumerate(zip(prompts, params_list, strict=True)):
-                ids.append(engine.add_request(prompt, params, request_id=f"{base}{i}"))
+                ids.append(engine.add_request(prompt, params, request_id=f"{base}{i}",
+                                              final_only=True))
         except Exception:
             engine.abort_request(ids)
             raise
