@@ -35,18 +35,24 @@ def references(tiny_model_dirs, tiny_tokenizer):
     refs = {}
     for arch, path in tiny_model_dirs.items():
         tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        # Like ignore_eos: no EOS handling at all (min_new_tokens would mask EOS logits).
-        model.generation_config.eos_token_id = None
-        conts = []
-        for prompt in PROMPTS:
-            ids = torch.tensor([tokenizer.encode(prompt)])
-            with torch.no_grad():
-                out = model.generate(ids, do_sample=False, max_new_tokens=NEW_TOKENS,
-                                     attention_mask=torch.ones_like(ids))
-            conts.append(out[0, ids.shape[1]:].tolist())
+        model, conts = _greedy_reference(path, tokenizer)
         refs[arch] = (model, conts, tokenizer)
     return refs
+
+
+def _greedy_reference(path, tokenizer):
+    """transformers' model at ``path`` and its greedy continuation of every prompt."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    # Like ignore_eos: no EOS handling at all (min_new_tokens would mask EOS logits).
+    model.generation_config.eos_token_id = None
+    conts = []
+    for prompt in PROMPTS:
+        ids = torch.tensor([tokenizer.encode(prompt)])
+        with torch.no_grad():
+            out = model.generate(ids, do_sample=False, max_new_tokens=NEW_TOKENS,
+                                 attention_mask=torch.ones_like(ids))
+        conts.append(out[0, ids.shape[1]:].tolist())
+    return model, conts
 
 
 ENGINE_SETUPS = {
@@ -170,15 +176,7 @@ def head64(tmp_path_factory, tiny_tokenizer):
 
     path = make_tiny_model(tmp_path_factory.mktemp("head64"), "qwen3", tokenizer=tiny_tokenizer,
                            head_dim=64)
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None
-    conts = []
-    for prompt in PROMPTS:
-        ids = torch.tensor([tiny_tokenizer.encode(prompt)])
-        with torch.no_grad():
-            out = model.generate(ids, do_sample=False, max_new_tokens=NEW_TOKENS,
-                                 attention_mask=torch.ones_like(ids))
-        conts.append(out[0, ids.shape[1]:].tolist())
+    model, conts = _greedy_reference(path, transformers.AutoTokenizer.from_pretrained(path))
     return path, model, conts
 
 

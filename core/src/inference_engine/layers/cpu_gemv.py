@@ -254,6 +254,17 @@ void row_tiles(int64_t M, const Micro& micro) {
   }
 }
 
+// f(std::integral_constant<int, NR>{}) for a column block of gn (1..4) groups.
+template <class F>
+void with_groups(int64_t gn, const F& f) {
+  switch (gn) {
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    default: f(std::integral_constant<int, 1>{}); break;
+  }
+}
+
 // Tasks of 4 column groups (64 outputs) x a slice of rows, on the spinning pool;
 // tile(rows m0..m1, first group g0, groups gn) does the work.
 template <class Tile>
@@ -297,19 +308,12 @@ torch::Tensor gemv_packed(torch::Tensor x, torch::Tensor w, c10::optional<torch:
   packed_tasks(M, groups, 8, [&](int64_t m0, int64_t m1, int64_t g0, int64_t gn) {
     const at::BFloat16* wg = wp + g0 * gs;
     float* yo = yp + g0 * 16;
-    auto run = [&](auto nr) {
-      constexpr int NR = decltype(nr)::value;
-      row_tiles<4, NR>(m1 - m0, [&](auto mr, int64_t m) {
-        constexpr int MR = decltype(mr)::value;
-        fma_micro<MR, NR>(xp + (m0 + m) * ldx, ldx, K, wg, gs, yo + (m0 + m) * N, N);
+    with_groups(gn, [&](auto nr) {
+      row_tiles<4, decltype(nr)::value>(m1 - m0, [&](auto mr, int64_t m) {
+        fma_micro<decltype(mr)::value, decltype(nr)::value>(
+            xp + (m0 + m) * ldx, ldx, K, wg, gs, yo + (m0 + m) * N, N);
       });
-    };
-    switch (gn) {
-      case 4: run(std::integral_constant<int, 4>{}); break;
-      case 3: run(std::integral_constant<int, 3>{}); break;
-      case 2: run(std::integral_constant<int, 2>{}); break;
-      default: run(std::integral_constant<int, 1>{}); break;
-    }
+    });
   });
 #endif
   if (bias.has_value()) y.add_(bias->to(torch::kFloat32));
@@ -349,19 +353,12 @@ torch::Tensor gemm_packed(torch::Tensor x, torch::Tensor w, c10::optional<torch:
   packed_tasks(M, groups, slice, [&](int64_t m0, int64_t m1, int64_t g0, int64_t gn) {
     const at::BFloat16* wg = wp + g0 * gs;
     float* yo = yp + g0 * 16;
-    auto run = [&](auto nr) {
-      constexpr int NR = decltype(nr)::value;
-      row_tiles<6, NR>(m1 - m0, [&](auto mr, int64_t m) {
-        constexpr int MR = decltype(mr)::value;
-        dp_micro<MR, NR>(xbp + (m0 + m) * K, K, wg, gs, yo + (m0 + m) * N, N);
+    with_groups(gn, [&](auto nr) {
+      row_tiles<6, decltype(nr)::value>(m1 - m0, [&](auto mr, int64_t m) {
+        dp_micro<decltype(mr)::value, decltype(nr)::value>(
+            xbp + (m0 + m) * K, K, wg, gs, yo + (m0 + m) * N, N);
       });
-    };
-    switch (gn) {
-      case 4: run(std::integral_constant<int, 4>{}); break;
-      case 3: run(std::integral_constant<int, 3>{}); break;
-      case 2: run(std::integral_constant<int, 2>{}); break;
-      default: run(std::integral_constant<int, 1>{}); break;
-    }
+    });
   });
 #endif
   if (bias.has_value()) y.add_(bias->to(torch::kFloat32));
@@ -372,7 +369,7 @@ torch::Tensor gemm_packed(torch::Tensor x, torch::Tensor w, c10::optional<torch:
 def gemv_kernel() -> Any | None:
     """The compiled module, or None where it cannot be built or the CPU lacks AVX-512."""
     module = load_pooled_extension(
-        "inference_engine_cpu_gemv_v8", _SOURCE,
+        "inference_engine_cpu_gemv_v9", _SOURCE,
         ["gemv", "available", "pack_bf16", "gemv_packed", "gemm_packed", "has_dpbf16"],
         description="the CPU bf16 GEMV kernel",
     )
