@@ -313,4 +313,7 @@ def test_bf16_kv_cache_matches_transformers_with_a_rounding_cache(model, monkeyp
         for step, (token, entry) in enumerate(zip(ref_tokens, out.outputs[0].logprobs,
                                                   strict=True)):
             ref_lp = torch.log_softmax(ref.scores[step][0].double(), -1)[token].item()
-            assert abs(entry[token].logprob - ref_lp) < 1e-4
+            # A K/V value within a float32 ulp of a bf16 rounding midpoint may round the
+            # other way in transformers (a 2^-8 step): ~1e-4 here. The same engine with a
+            # float32 cache is 6e-4 (16-dim heads) to 3e-3 (64) from it: 3e-4 tells them apart.
+            assert abs(entry[token].logprob - ref_lp) < 3e-4

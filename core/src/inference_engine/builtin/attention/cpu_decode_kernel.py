@@ -5,9 +5,13 @@ contiguous buffer and then runs SDPA over it: the cache is read, written and
 read again. This kernel walks each sequence's block table and reads each K
 and V row once (once for all the query heads that share it), which is what
 bounds batched decode on a CPU: at 64 sequences of ~330 tokens the eight
-layers read ~340 MB of a float32 cache per step. With AVX-512 the scores,
-softmax (a polynomial exp) and weighted sum run 16 lanes wide; other CPUs and
-head sizes that are not 32/64/128/256 use plain loops.
+layers read ~170 MB of a bfloat16 cache per step. It goes over the blocks in
+one pass (a block's keys, then its values, which lie next to each other in the
+pool) with an online softmax, prefetching the next blocks: the blocks of a
+sequence lie scattered, a few KB each, which the hardware prefetcher does not
+follow. With AVX-512 the scores, the softmax (a polynomial exp) and the
+weighted sums run 16 lanes wide; other CPUs and head sizes that are not
+32/64/128/256 use plain loops.
 
 The cache may be float32 or bfloat16 (a bfloat16 model's cache: half the
 bytes to read, widened in registers); queries and outputs are float32.
@@ -65,28 +69,10 @@ inline __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// Softmax of s[0, span) in place (unnormalised); returns 1 / sum.
-inline float exp_shifted(float* s, int64_t span, float mx) {
-  const __m512 m = _mm512_set1_ps(mx);
-  __m512 acc = _mm512_setzero_ps();
-  int64_t t = 0;
-  for (; t + 16 <= span; t += 16) {
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + t), m));
-    _mm512_storeu_ps(s + t, e);
-    acc = _mm512_add_ps(acc, e);
-  }
-  if (t < span) {
-    const __mmask16 k = (__mmask16)((1u << (span - t)) - 1);
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), m));
-    _mm512_mask_storeu_ps(s + t, k, e);
-    acc = _mm512_mask_add_ps(acc, k, acc, e);
-  }
-  return 1.f / _mm512_reduce_add_ps(acc);
-}
 #endif
 """
 """C++ (inside a namespace, after ``<immintrin.h>``) shared by the CPU attention kernels: float32
-or bfloat16 loads widened to float32, a vectorised exp for softmax, an in-place softmax."""
+or bfloat16 loads widened to float32 and a vectorised exp for softmax."""
 
 _SOURCE = r"""
 #include <torch/extension.h>
@@ -106,7 +92,7 @@ namespace {
 
 SIMD_HELPERS
 
-constexpr int64_t PREFETCH_AHEAD = 2;  // key blocks ahead (measured best of 1/2/4/8)
+constexpr int64_t PREFETCH_AHEAD = 2;  // blocks ahead (measured best of 1/2/4)
 
 // Where token t's row of KV head 0 lies in a block-contiguous cache.
 template <typename T>
@@ -133,83 +119,103 @@ template <typename T, int NV>
 void attend(const float* qs, const Rows<T>& K, const Rows<T>& V, int64_t kh, int64_t vh,
             int64_t h0, int64_t h1, int64_t g, int64_t d, int64_t first, int64_t len, float sc,
             float* out) {
-  thread_local std::vector<float> scores;
-  const int64_t span = len - first;
-  scores.resize(g * span);
 #ifdef __AVX512F__
   if (NV > 0) {
-    for (int64_t h = h0; h < h1; ++h) {
-      float mx[64];
-      std::fill(mx, mx + g, -std::numeric_limits<float>::infinity());
-      const float* qh = qs + h * g * d;
-      const int64_t nblk = (len + K.bs - 1) / K.bs;
-      for (int64_t t = first; t < len; ++t) {
-        if (h == h0 && (t == first || t % K.bs == 0)) {
-          // While the scores are computed, bring in key blocks ahead and the value
-          // blocks the value pass will read (blocks lie scattered in the pool, a few
-          // KB each: too short for the hardware prefetcher; 13.9 -> 11.0 ms for 8
-          // layers of 64 x 330 tokens here).
-          const int64_t b = t / K.bs;
-          if (t == first) {
-            for (int64_t a = 1; a < PREFETCH_AHEAD; ++a) K.prefetch_block(b + a, nblk);
-            V.prefetch_block(b, nblk);
-          }
-          K.prefetch_block(b + PREFETCH_AHEAD, nblk);
-          V.prefetch_block(b + 1, nblk);
-        }
-        const T* krow = K.row(t) + h * kh;
-        __m512 kv[NV > 0 ? NV : 1];
-        for (int i = 0; i < NV; ++i) kv[i] = load16(krow + 16 * i);
-        for (int64_t j = 0; j < g; ++j) {
-          const float* qj = qh + j * d;
-          __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qj), kv[0]);
-          for (int i = 1; i < NV; ++i) a = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 16 * i), kv[i], a);
-          const float s = _mm512_reduce_add_ps(a) * sc;
-          scores[j * span + (t - first)] = s;
-          mx[j] = std::max(mx[j], s);
-        }
-      }
-      float inv[64];
-      for (int64_t j = 0; j < g; ++j) inv[j] = exp_shifted(scores.data() + j * span, span, mx[j]);
-      __m512 acc[4][NV > 0 ? NV : 1];
-      for (int64_t j0 = 0; j0 < g; j0 += 4) {
-        const int64_t jn = std::min<int64_t>(4, g - j0);
-        for (int64_t j = 0; j < jn; ++j)
-          for (int i = 0; i < NV; ++i) acc[j][i] = _mm512_setzero_ps();
-        for (int64_t t = first; t < len; ++t) {
-          const T* vrow = V.row(t) + h * vh;
-          __m512 vv[NV > 0 ? NV : 1];
-          for (int i = 0; i < NV; ++i) vv[i] = load16(vrow + 16 * i);
-          for (int64_t j = 0; j < jn; ++j) {
-            const __m512 p = _mm512_set1_ps(scores[(j0 + j) * span + (t - first)]);
-            for (int i = 0; i < NV; ++i) acc[j][i] = _mm512_fmadd_ps(p, vv[i], acc[j][i]);
+    // One pass over the sequence's cache blocks: a block's keys, then its values (the
+    // two lie next to each other in the pool), with an online softmax per query row.
+    // The next blocks are prefetched (blocks lie scattered in the pool, a few KB each:
+    // too short for the hardware prefetcher).
+    const int64_t nrows = (h1 - h0) * g;
+    thread_local std::vector<float> acc, probs;
+    acc.assign(nrows * d, 0.f);
+    probs.resize(nrows * 16);
+    float m[256], l[256];
+    std::fill(m, m + nrows, -std::numeric_limits<float>::infinity());
+    std::fill(l, l + nrows, 0.f);
+    const float* qh = qs + h0 * g * d;
+    const int64_t bs = K.bs, nblk = (len + bs - 1) / bs;
+    for (int64_t a = 1; a <= PREFETCH_AHEAD; ++a) {
+      K.prefetch_block(first / bs + a, nblk);
+      V.prefetch_block(first / bs + a, nblk);
+    }
+    for (int64_t b = first / bs; b < nblk; ++b) {
+      K.prefetch_block(b + PREFETCH_AHEAD + 1, nblk);
+      V.prefetch_block(b + PREFETCH_AHEAD + 1, nblk);
+      const int64_t t0 = std::max(first, b * bs), t1 = std::min(len, (b + 1) * bs);
+      const int64_t nt = t1 - t0;
+      const T* kblock = K.row(t0);
+      const T* vblock = V.row(t0);
+      for (int64_t h = h0; h < h1; ++h) {
+        for (int64_t tt = 0; tt < nt; ++tt) {
+          const T* krow = kblock + tt * K.token_stride + h * kh;
+          __m512 kv[NV > 0 ? NV : 1];
+          for (int i = 0; i < NV; ++i) kv[i] = load16(krow + 16 * i);
+          for (int64_t j = 0; j < g; ++j) {
+            const int64_t r = (h - h0) * g + j;
+            const float* qj = qh + r * d;
+            __m512 acc_s = _mm512_mul_ps(_mm512_loadu_ps(qj), kv[0]);
+            for (int i = 1; i < NV; ++i) acc_s = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 16 * i), kv[i], acc_s);
+            probs[r * 16 + tt] = _mm512_reduce_add_ps(acc_s) * sc;
           }
         }
-        for (int64_t j = 0; j < jn; ++j) {
-          float* o = out + (h * g + j0 + j) * d;
-          const __m512 s = _mm512_set1_ps(inv[j0 + j]);
-          for (int i = 0; i < NV; ++i) _mm512_storeu_ps(o + 16 * i, _mm512_mul_ps(acc[j][i], s));
+      }
+      const __mmask16 mask = (__mmask16)((1u << nt) - 1);
+      for (int64_t r = 0; r < nrows; ++r) {
+        const __m512 sv = _mm512_maskz_loadu_ps(mask, probs.data() + r * 16);
+        const float bm = _mm512_mask_reduce_max_ps(mask, sv);
+        const float new_m = std::max(m[r], bm);
+        const float alpha = std::exp(m[r] - new_m);
+        const __m512 p = _mm512_maskz_mov_ps(mask, exp16(_mm512_sub_ps(sv, _mm512_set1_ps(new_m))));
+        _mm512_storeu_ps(probs.data() + r * 16, p);
+        l[r] = l[r] * alpha + _mm512_reduce_add_ps(p);
+        m[r] = new_m;
+        if (alpha != 1.f) {
+          float* ar = acc.data() + r * d;
+          const __m512 av = _mm512_set1_ps(alpha);
+          for (int i = 0; i < NV; ++i)
+            _mm512_storeu_ps(ar + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(ar + 16 * i), av));
         }
       }
+      for (int64_t h = h0; h < h1; ++h) {
+        for (int64_t j0 = 0; j0 < g; j0 += 4) {
+          const int64_t jn = std::min<int64_t>(4, g - j0);
+          const int64_t r0 = (h - h0) * g + j0;
+          __m512 o[4][NV > 0 ? NV : 1];
+          for (int64_t j = 0; j < jn; ++j)
+            for (int i = 0; i < NV; ++i) o[j][i] = _mm512_loadu_ps(acc.data() + (r0 + j) * d + 16 * i);
+          for (int64_t tt = 0; tt < nt; ++tt) {
+            const T* vrow = vblock + tt * V.token_stride + h * vh;
+            __m512 vv[NV > 0 ? NV : 1];
+            for (int i = 0; i < NV; ++i) vv[i] = load16(vrow + 16 * i);
+            for (int64_t j = 0; j < jn; ++j) {
+              const __m512 pv = _mm512_set1_ps(probs[(r0 + j) * 16 + tt]);
+              for (int i = 0; i < NV; ++i) o[j][i] = _mm512_fmadd_ps(pv, vv[i], o[j][i]);
+            }
+          }
+          for (int64_t j = 0; j < jn; ++j)
+            for (int i = 0; i < NV; ++i) _mm512_storeu_ps(acc.data() + (r0 + j) * d + 16 * i, o[j][i]);
+        }
+      }
+    }
+    for (int64_t r = 0; r < nrows; ++r) {
+      const __m512 inv = _mm512_set1_ps(1.f / l[r]);
+      float* o = out + (h0 * g + r) * d;
+      const float* ar = acc.data() + r * d;
+      for (int i = 0; i < NV; ++i) _mm512_storeu_ps(o + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(ar + 16 * i), inv));
     }
     return;
   }
 #endif
   // Any head size: plain loops.
+  thread_local std::vector<float> scores;
+  const int64_t span = len - first;
+  scores.resize(g * span);
   for (int64_t h = h0; h < h1; ++h) {
     for (int64_t j = 0; j < g; ++j) {
       const float* qj = qs + (h * g + j) * d;
       float* sr = scores.data() + j * span;
       float mx = -std::numeric_limits<float>::infinity();
-      const int64_t nblk = (len + K.bs - 1) / K.bs;
       for (int64_t t = first; t < len; ++t) {
-        if (h == h0 && (t == first || t % K.bs == 0)) {
-          // While the scores are computed, bring in the next key block and this
-          // block's values, so the value pass reads from L2.
-          K.prefetch_block(t / K.bs + PREFETCH_AHEAD, nblk);
-          V.prefetch_block(t / K.bs + 1, nblk);
-          if (t == first) V.prefetch_block(t / K.bs, nblk);
-        }
         const T* krow = K.row(t) + h * kh;
         float dot = 0.f;
         for (int64_t e = 0; e < d; ++e) dot += qj[e] * to_float(krow[e]);
@@ -343,7 +349,8 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   TORCH_CHECK(tables.scalar_type() == torch::kInt64 && lens.scalar_type() == torch::kInt64);
   TORCH_CHECK(tables.stride(1) == 1 && lens.is_contiguous());
   TORCH_CHECK(k_cache.size(2) == q.size(1) && k_cache.size(3) == q.size(3));
-  TORCH_CHECK(q.size(2) <= 64, "at most 64 query heads per KV head");
+  TORCH_CHECK(q.size(1) * q.size(2) <= 256, "at most 256 query heads");
+  TORCH_CHECK(k_cache.size(1) <= 16, "block size at most 16");
   auto out = torch::empty_like(q);
   const float sc = static_cast<float>(scale);
   if (ct == torch::kFloat32)
@@ -385,7 +392,7 @@ void write_kv(torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor key,
 def decode_kernel() -> Any | None:
     """The compiled extension module, or None where it cannot be built (logged once)."""
     return load_pooled_extension(
-        "inference_engine_cpu_decode_v21", _SOURCE.replace("SIMD_HELPERS", SIMD_HELPERS_CPP),
+        "inference_engine_cpu_decode_v23", _SOURCE.replace("SIMD_HELPERS", SIMD_HELPERS_CPP),
         ["paged_decode", "write_kv"],
         description="the CPU paged-decode attention kernel",
     )
@@ -410,7 +417,8 @@ def paged_decode_attention(
         seq_lens: ``[n]`` int64 context lengths including the new token.
     """
     if (query.device.type != "cpu" or query.dtype != torch.float32
-            or k_cache.dtype not in KERNEL_CACHE_DTYPES or query.shape[1] // k_cache.shape[2] > 64):
+            or k_cache.dtype not in KERNEL_CACHE_DTYPES or query.shape[1] > 256
+            or k_cache.shape[1] > 16):
         return None
     module = decode_kernel()
     if module is None:
