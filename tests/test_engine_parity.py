@@ -210,4 +210,5 @@ def test_prefill_logits_through_the_cpu_attention_kernels(head64):
     with torch.no_grad():
         ref = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
     for pos in range(1, len(ids)):
-        assert abs(out.prompt_logprobs[pos][ids[pos]].logprob - float(ref[pos - 1, ids[pos]])) < 1e-4
+        got = out.prompt_logprobs[pos][ids[pos]].logprob
+        assert abs(got - float(ref[pos - 1, ids[pos]])) < 1e-4

@@ -258,7 +258,8 @@ def test_cache_write_kernel_equals_indexed_assignment(cache_dtype):
     expect_k[blocks, offsets] = key.to(cache_dtype)
     expect_v[blocks, offsets] = value.to(cache_dtype)
     assert write_kv_rows(k_cache, v_cache, key, value, blocks, offsets)
-    # Bit for bit, but any NaN payload (torch's vectorised cast writes 0xFFFF, its scalar one 0x7FC0).
+    # Bit for bit, but any NaN payload (torch's vectorised cast writes 0xFFFF, its scalar
+    # one 0x7FC0).
     torch.testing.assert_close(k_cache, expect_k, atol=0, rtol=0, equal_nan=True)
     torch.testing.assert_close(v_cache, expect_v, atol=0, rtol=0, equal_nan=True)
     with pytest.raises(RuntimeError, match="slot out of range"):

@@ -2,7 +2,8 @@
 
 The CPU platform computes bfloat16 checkpoints in float32
 (``Platform.compute_dtype``): activations, norms and attention are float32
-(the KV cache stays bfloat16, ``--kv-cache-dtype auto``), and each linear layer keeps an exact bfloat16 copy of its weight
+(the KV cache stays bfloat16, ``--kv-cache-dtype auto``), and each linear
+layer keeps an exact bfloat16 copy of its weight
 (only made when every float32 value is a bfloat16 value) that it multiplies
 from:
 
@@ -183,7 +184,8 @@ torch::Tensor pack_bf16(torch::Tensor w) {
   at::parallel_for(0, N / 16, 1, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g)
       for (int64_t p = 0; p < K / 2; ++p)
-        for (int64_t j = 0; j < 16; ++j) dst[(g * (K / 2) + p) * 16 + j] = src[(16 * g + j) * (K / 2) + p];
+        for (int64_t j = 0; j < 16; ++j)
+          dst[(g * (K / 2) + p) * 16 + j] = src[(16 * g + j) * (K / 2) + p];
   });
   return out;
 }
@@ -369,7 +371,7 @@ torch::Tensor gemm_packed(torch::Tensor x, torch::Tensor w, c10::optional<torch:
 def gemv_kernel() -> Any | None:
     """The compiled module, or None where it cannot be built or the CPU lacks AVX-512."""
     module = load_pooled_extension(
-        "inference_engine_cpu_gemv_v9", _SOURCE,
+        "inference_engine_cpu_gemv_v10", _SOURCE,
         ["gemv", "available", "pack_bf16", "gemv_packed", "gemm_packed", "has_dpbf16"],
         description="the CPU bf16 GEMV kernel",
     )

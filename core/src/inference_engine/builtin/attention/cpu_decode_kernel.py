@@ -34,7 +34,8 @@ import torch
 
 from inference_engine.cpu_thread_pool import load_pooled_extension
 
-__all__ = ["KERNEL_CACHE_DTYPES", "SIMD_HELPERS_CPP", "decode_kernel", "paged_decode_attention", "write_kv_rows"]
+__all__ = ["KERNEL_CACHE_DTYPES", "SIMD_HELPERS_CPP", "decode_kernel", "paged_decode_attention",
+           "write_kv_rows"]
 
 # Cache dtypes the kernels read and write.
 KERNEL_CACHE_DTYPES = (torch.float32, torch.bfloat16)
@@ -166,7 +167,8 @@ void attend(const float* qs, const Rows<T>& K, const Rows<T>& V, int64_t kh, int
             const int64_t r = (h - h0) * g + j;
             const float* qj = qh + r * d;
             __m512 acc_s = _mm512_mul_ps(_mm512_loadu_ps(qj), kv[0]);
-            for (int i = 1; i < NV; ++i) acc_s = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 16 * i), kv[i], acc_s);
+            for (int i = 1; i < NV; ++i)
+              acc_s = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 16 * i), kv[i], acc_s);
             probs[r * 16 + tt] = _mm512_reduce_add_ps(acc_s) * sc;
           }
         }
@@ -194,7 +196,8 @@ void attend(const float* qs, const Rows<T>& K, const Rows<T>& V, int64_t kh, int
           const int64_t r0 = (h - h0) * g + j0;
           __m512 o[4][NV > 0 ? NV : 1];
           for (int64_t j = 0; j < jn; ++j)
-            for (int i = 0; i < NV; ++i) o[j][i] = _mm512_loadu_ps(acc.data() + (r0 + j) * d + 16 * i);
+            for (int i = 0; i < NV; ++i)
+              o[j][i] = _mm512_loadu_ps(acc.data() + (r0 + j) * d + 16 * i);
           for (int64_t tt = 0; tt < nt; ++tt) {
             const T* vrow = vblock + tt * V.token_stride + h * vh;
             __m512 vv[NV > 0 ? NV : 1];
@@ -205,7 +208,8 @@ void attend(const float* qs, const Rows<T>& K, const Rows<T>& V, int64_t kh, int
             }
           }
           for (int64_t j = 0; j < jn; ++j)
-            for (int i = 0; i < NV; ++i) _mm512_storeu_ps(acc.data() + (r0 + j) * d + 16 * i, o[j][i]);
+            for (int i = 0; i < NV; ++i)
+              _mm512_storeu_ps(acc.data() + (r0 + j) * d + 16 * i, o[j][i]);
         }
       }
     }
@@ -213,7 +217,8 @@ void attend(const float* qs, const Rows<T>& K, const Rows<T>& V, int64_t kh, int
       const __m512 inv = _mm512_set1_ps(1.f / l[r]);
       float* o = out + (h0 * g + r) * d;
       const float* ar = acc.data() + r * d;
-      for (int i = 0; i < NV; ++i) _mm512_storeu_ps(o + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(ar + 16 * i), inv));
+      for (int i = 0; i < NV; ++i)
+        _mm512_storeu_ps(o + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(ar + 16 * i), inv));
     }
     return;
   }
@@ -404,7 +409,7 @@ void write_kv(torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor key,
 def decode_kernel() -> Any | None:
     """The compiled extension module, or None where it cannot be built (logged once)."""
     return load_pooled_extension(
-        "inference_engine_cpu_decode_v28", _SOURCE.replace("SIMD_HELPERS", SIMD_HELPERS_CPP),
+        "inference_engine_cpu_decode_v29", _SOURCE.replace("SIMD_HELPERS", SIMD_HELPERS_CPP),
         ["paged_decode", "write_kv"],
         description="the CPU paged-decode attention kernel",
     )

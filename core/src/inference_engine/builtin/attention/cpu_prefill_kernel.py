@@ -140,7 +140,8 @@ void prefill_task(const float* q, float* out, const T* kc, const T* vc, const in
         const int64_t an = std::min<int64_t>(4, r0 + rn - ra);
         __m512 o[4][NV];
         for (int64_t rr = 0; rr < an; ++rr)
-          for (int i = 0; i < NV; ++i) o[rr][i] = _mm512_loadu_ps(acc.data() + (ra + rr) * d + 16 * i);
+          for (int i = 0; i < NV; ++i)
+            o[rr][i] = _mm512_loadu_ps(acc.data() + (ra + rr) * d + 16 * i);
         for (int64_t tt = 0; tt < nt; ++tt) {
           const T* vrow = vblock + tt * vt;
           __m512 vv[NV];
@@ -151,7 +152,8 @@ void prefill_task(const float* q, float* out, const T* kc, const T* vc, const in
           }
         }
         for (int64_t rr = 0; rr < an; ++rr)
-          for (int i = 0; i < NV; ++i) _mm512_storeu_ps(acc.data() + (ra + rr) * d + 16 * i, o[rr][i]);
+          for (int i = 0; i < NV; ++i)
+            _mm512_storeu_ps(acc.data() + (ra + rr) * d + 16 * i, o[rr][i]);
       }
     }
   }
@@ -239,18 +241,15 @@ torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tenso
 #ifdef __AVX512F__
   const float sc = static_cast<float>(scale);
   const int64_t d = q.size(3);
-#define IE_PREFILL(T)                                                                   \
-  switch (d) {                                                                          \
-    case 32: prefill_all<T, 2>(q, out, k_cache, v_cache, tables, starts, lens, sc, window); break; \
-    case 64: prefill_all<T, 4>(q, out, k_cache, v_cache, tables, starts, lens, sc, window); break; \
-    case 128: prefill_all<T, 8>(q, out, k_cache, v_cache, tables, starts, lens, sc, window); break; \
-    case 256: prefill_all<T, 16>(q, out, k_cache, v_cache, tables, starts, lens, sc, window); break; \
-    default: TORCH_CHECK(false, "head size ", d, " has no CPU prefill kernel");          \
-  }
-  if (ct == torch::kFloat32) {
-    IE_PREFILL(float)
-  } else {
-    IE_PREFILL(at::BFloat16)
+#define IE_PREFILL(T, NV) \
+  prefill_all<T, NV>(q, out, k_cache, v_cache, tables, starts, lens, sc, window)
+  const bool f32 = ct == torch::kFloat32;
+  switch (d) {
+    case 32: if (f32) IE_PREFILL(float, 2); else IE_PREFILL(at::BFloat16, 2); break;
+    case 64: if (f32) IE_PREFILL(float, 4); else IE_PREFILL(at::BFloat16, 4); break;
+    case 128: if (f32) IE_PREFILL(float, 8); else IE_PREFILL(at::BFloat16, 8); break;
+    case 256: if (f32) IE_PREFILL(float, 16); else IE_PREFILL(at::BFloat16, 16); break;
+    default: TORCH_CHECK(false, "head size ", d, " has no CPU prefill kernel");
   }
 #undef IE_PREFILL
 #endif
@@ -265,7 +264,7 @@ _HEAD_SIZES = (32, 64, 128, 256)
 def prefill_kernel() -> Any | None:
     """The compiled extension, or None where it cannot be built or the CPU lacks AVX-512."""
     module = load_pooled_extension(
-        "inference_engine_cpu_prefill_v2", _SOURCE.replace("SIMD_HELPERS", SIMD_HELPERS_CPP),
+        "inference_engine_cpu_prefill_v3", _SOURCE.replace("SIMD_HELPERS", SIMD_HELPERS_CPP),
         ["paged_prefill", "available"], description="the CPU paged-prefill attention kernel",
     )
     if module is None or not module.available():
