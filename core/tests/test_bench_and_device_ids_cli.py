@@ -27,6 +27,17 @@ def test_bench_json_counts_the_fixed_workload(tiny_model):
     assert report["prompt_tokens"] == 3 * 5
     assert report["generated_tokens"] == 3 * 4  # ignore_eos: every request runs to output_len
     assert report["output_tokens_per_s"] > 0
+    assert report["kv_cache_dtype"] == "float32"  # a float32 checkpoint, "auto"
+
+
+def test_bench_kv_cache_dtype_option(tiny_model):
+    result = run_cli("bench", "--model", tiny_model, "--num-prompts", "2", "--input-len", "4",
+                     "--output-len", "3", "--json", "--kv-cache-dtype", "bfloat16",
+                     "--kv-cache-memory", str(4 << 20))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["kv_cache_dtype"] == "bfloat16"
+    bad = run_cli("bench", "--model", tiny_model, "--kv-cache-dtype", "fp8")
+    assert bad.returncode == 2 and "--kv-cache-dtype must be one of" in bad.stderr
 
 
 def test_generate_rejects_a_missing_device_naming_what_exists(tiny_model):

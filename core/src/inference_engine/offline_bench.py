@@ -28,6 +28,7 @@ class BenchResult:
     output_len: int
     prompt_tokens: int
     generated_tokens: int
+    kv_cache_dtype: str
     elapsed_s: float
     requests_per_s: float
     output_tokens_per_s: float
@@ -65,7 +66,9 @@ def run_offline_bench(model: str, num_prompts: int = 32, input_len: int = 128,
     return BenchResult(
         platform=platform.name, device=f"{platform.device()} ({platform.device_name()})",
         num_prompts=num_prompts, input_len=input_len, output_len=output_len,
-        prompt_tokens=prompt_tokens, generated_tokens=generated, elapsed_s=round(elapsed, 3),
+        prompt_tokens=prompt_tokens, generated_tokens=generated,
+        kv_cache_dtype=str(llm.engine.runner.pool.specs[0].dtype).removeprefix("torch."),
+        elapsed_s=round(elapsed, 3),
         requests_per_s=round(num_prompts / elapsed, 3),
         output_tokens_per_s=round(generated / elapsed, 1),
         total_tokens_per_s=round((generated + prompt_tokens) / elapsed, 1),
@@ -82,6 +85,8 @@ def bench_command(
     max_num_seqs: Annotated[int, typer.Option(min=1, help="Most sequences per step.")] = 128,
     kv_cache_memory: Annotated[Optional[int], typer.Option(  # noqa: UP045 - typer needs Optional
         help="KV pool bytes; default a share of free memory.")] = None,
+    kv_cache_dtype: Annotated[str, typer.Option(
+        help="KV cache type: auto (a bfloat16 model caches bfloat16), float32 or bfloat16.")] = "auto",
     quantization: Annotated[Optional[str], typer.Option(  # noqa: UP045
         help="Registered quantization method.")] = None,
     device_ids: Annotated[Optional[str], typer.Option(  # noqa: UP045
@@ -94,7 +99,8 @@ def bench_command(
     from inference_engine.registry import UnknownNameError
 
     kwargs: dict[str, Any] = {"dtype": dtype, "max_num_seqs": max_num_seqs,
-                              "kv_cache_memory": kv_cache_memory, "device_ids": device_ids,
+                              "kv_cache_memory": kv_cache_memory, "kv_cache_dtype": kv_cache_dtype,
+                              "device_ids": device_ids,
                               "platform": platform}
     if quantization is not None:
         kwargs["quantization"] = quantization
