@@ -70,10 +70,51 @@ inline __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+
+// One query row's online-softmax step over a 16-key block: s holds its scores (lanes
+// outside mask are ignored); the row's running max m and sum l are updated, acc (NV * 16
+// floats) rescaled, and the block's unnormalised probabilities stored to p_out (zero
+// outside mask).
+template <int NV>
+inline void online_softmax_step(__m512 s, __mmask16 mask, float& m, float& l, float* p_out,
+                                float* acc) {
+  const float new_m = std::max(m, _mm512_mask_reduce_max_ps(mask, s));
+  const float alpha = std::exp(m - new_m);  // 0 for a row's first visible block
+  const __m512 p = _mm512_maskz_mov_ps(mask, exp16(_mm512_sub_ps(s, _mm512_set1_ps(new_m))));
+  _mm512_storeu_ps(p_out, p);
+  l = l * alpha + _mm512_reduce_add_ps(p);
+  m = new_m;
+  if (alpha != 1.f) {
+    const __m512 av = _mm512_set1_ps(alpha);
+    for (int i = 0; i < NV; ++i)
+      _mm512_storeu_ps(acc + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * i), av));
+  }
+}
+
+// acc rows [0, n) (n <= 4, NV * 16 floats, d apart) += sum_tt probs[row * 16 + tt] * v_tt
+// for the block's nt value rows (vt apart), accumulated in registers.
+template <typename T, int NV>
+inline void add_weighted_values(float* acc, int64_t d, const float* probs, int64_t n,
+                                const T* v, int64_t vt, int64_t nt) {
+  __m512 o[4][NV];
+  for (int64_t r = 0; r < n; ++r)
+    for (int i = 0; i < NV; ++i) o[r][i] = _mm512_loadu_ps(acc + r * d + 16 * i);
+  for (int64_t tt = 0; tt < nt; ++tt) {
+    __m512 vv[NV];
+    for (int i = 0; i < NV; ++i) vv[i] = load16(v + tt * vt + 16 * i);
+    for (int64_t r = 0; r < n; ++r) {
+      const __m512 pv = _mm512_set1_ps(probs[r * 16 + tt]);
+      for (int i = 0; i < NV; ++i) o[r][i] = _mm512_fmadd_ps(pv, vv[i], o[r][i]);
+    }
+  }
+  for (int64_t r = 0; r < n; ++r)
+    for (int i = 0; i < NV; ++i) _mm512_storeu_ps(acc + r * d + 16 * i, o[r][i]);
+}
 #endif
 """
 """C++ (inside a namespace, after ``<immintrin.h>``) shared by the CPU attention kernels: float32
-or bfloat16 loads widened to float32 and a vectorised exp for softmax."""
+or bfloat16 loads widened to float32, a vectorised exp, an online-softmax step over a 16-key
+block and the probability-weighted sum of a block's values."""
 
 _SOURCE = r"""
 #include <torch/extension.h>
@@ -121,7 +162,7 @@ void attend(const float* qs, const Rows<T>& K, const Rows<T>& V, int64_t kh, int
             int64_t h0, int64_t h1, int64_t g, int64_t d, int64_t first, int64_t len, float sc,
             float* out) {
 #ifdef __AVX512F__
-  if (NV > 0) {
+  if constexpr (NV > 0) {
     // One pass over the sequence's cache blocks: a block's keys, then its values (the
     // two lie next to each other in the pool), with an online softmax per query row.
     // The next blocks are prefetched (blocks lie scattered in the pool, a few KB each:
@@ -161,7 +202,7 @@ void attend(const float* qs, const Rows<T>& K, const Rows<T>& V, int64_t kh, int
             }
           }
           const T* krow = kblock + tt * K.token_stride + h * kh;
-          __m512 kv[NV > 0 ? NV : 1];
+          __m512 kv[NV];
           for (int i = 0; i < NV; ++i) kv[i] = load16(krow + 16 * i);
           for (int64_t j = 0; j < g; ++j) {
             const int64_t r = (h - h0) * g + j;
@@ -174,44 +215,16 @@ void attend(const float* qs, const Rows<T>& K, const Rows<T>& V, int64_t kh, int
         }
       }
       const __mmask16 mask = (__mmask16)((1u << nt) - 1);
-      for (int64_t r = 0; r < nrows; ++r) {
-        const __m512 sv = _mm512_maskz_loadu_ps(mask, probs.data() + r * 16);
-        const float bm = _mm512_mask_reduce_max_ps(mask, sv);
-        const float new_m = std::max(m[r], bm);
-        const float alpha = std::exp(m[r] - new_m);
-        const __m512 p = _mm512_maskz_mov_ps(mask, exp16(_mm512_sub_ps(sv, _mm512_set1_ps(new_m))));
-        _mm512_storeu_ps(probs.data() + r * 16, p);
-        l[r] = l[r] * alpha + _mm512_reduce_add_ps(p);
-        m[r] = new_m;
-        if (alpha != 1.f) {
-          float* ar = acc.data() + r * d;
-          const __m512 av = _mm512_set1_ps(alpha);
-          for (int i = 0; i < NV; ++i)
-            _mm512_storeu_ps(ar + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(ar + 16 * i), av));
-        }
-      }
-      for (int64_t h = h0; h < h1; ++h) {
+      for (int64_t r = 0; r < nrows; ++r)
+        online_softmax_step<NV>(_mm512_maskz_loadu_ps(mask, probs.data() + r * 16), mask, m[r],
+                                l[r], probs.data() + r * 16, acc.data() + r * d);
+      for (int64_t h = h0; h < h1; ++h)
         for (int64_t j0 = 0; j0 < g; j0 += 4) {
-          const int64_t jn = std::min<int64_t>(4, g - j0);
           const int64_t r0 = (h - h0) * g + j0;
-          __m512 o[4][NV > 0 ? NV : 1];
-          for (int64_t j = 0; j < jn; ++j)
-            for (int i = 0; i < NV; ++i)
-              o[j][i] = _mm512_loadu_ps(acc.data() + (r0 + j) * d + 16 * i);
-          for (int64_t tt = 0; tt < nt; ++tt) {
-            const T* vrow = vblock + tt * V.token_stride + h * vh;
-            __m512 vv[NV > 0 ? NV : 1];
-            for (int i = 0; i < NV; ++i) vv[i] = load16(vrow + 16 * i);
-            for (int64_t j = 0; j < jn; ++j) {
-              const __m512 pv = _mm512_set1_ps(probs[(r0 + j) * 16 + tt]);
-              for (int i = 0; i < NV; ++i) o[j][i] = _mm512_fmadd_ps(pv, vv[i], o[j][i]);
-            }
-          }
-          for (int64_t j = 0; j < jn; ++j)
-            for (int i = 0; i < NV; ++i)
-              _mm512_storeu_ps(acc.data() + (r0 + j) * d + 16 * i, o[j][i]);
+          add_weighted_values<T, NV>(acc.data() + r0 * d, d, probs.data() + r0 * 16,
+                                     std::min<int64_t>(4, g - j0), vblock + h * vh,
+                                     V.token_stride, nt);
         }
-      }
     }
     for (int64_t r = 0; r < nrows; ++r) {
       const __m512 inv = _mm512_set1_ps(1.f / l[r]);
@@ -409,7 +422,7 @@ void write_kv(torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor key,
 def decode_kernel() -> Any | None:
     """The compiled extension module, or None where it cannot be built (logged once)."""
     return load_pooled_extension(
-        "inference_engine_cpu_decode_v29", _SOURCE.replace("SIMD_HELPERS", SIMD_HELPERS_CPP),
+        "inference_engine_cpu_decode_v31", _SOURCE.replace("SIMD_HELPERS", SIMD_HELPERS_CPP),
         ["paged_decode", "write_kv"],
         description="the CPU paged-decode attention kernel",
     )

@@ -120,41 +120,12 @@ void prefill_task(const float* q, float* out, const T* kc, const T* vc, const in
           continue;
         }
         const __mmask16 mask = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
-        const float bm = _mm512_mask_reduce_max_ps(mask, s[rr]);
-        const float new_m = std::max(m[r], bm);
-        const float alpha = std::exp(m[r] - new_m);  // 0 for the first visible block
-        const __m512 p = _mm512_maskz_mov_ps(
-            mask, exp16(_mm512_sub_ps(s[rr], _mm512_set1_ps(new_m))));
-        _mm512_storeu_ps(pr, p);
-        l[r] = l[r] * alpha + _mm512_reduce_add_ps(p);
-        m[r] = new_m;
-        if (alpha != 1.f) {
-          float* ar = acc.data() + r * d;
-          const __m512 av = _mm512_set1_ps(alpha);
-          for (int i = 0; i < NV; ++i)
-            _mm512_storeu_ps(ar + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(ar + 16 * i), av));
-        }
+        online_softmax_step<NV>(s[rr], mask, m[r], l[r], pr, acc.data() + r * d);
       }
       // acc[r] += sum_tt p[r][tt] * V[t0 + tt], four rows at a time in registers.
-      for (int64_t ra = r0; ra < r0 + rn; ra += 4) {
-        const int64_t an = std::min<int64_t>(4, r0 + rn - ra);
-        __m512 o[4][NV];
-        for (int64_t rr = 0; rr < an; ++rr)
-          for (int i = 0; i < NV; ++i)
-            o[rr][i] = _mm512_loadu_ps(acc.data() + (ra + rr) * d + 16 * i);
-        for (int64_t tt = 0; tt < nt; ++tt) {
-          const T* vrow = vblock + tt * vt;
-          __m512 vv[NV];
-          for (int i = 0; i < NV; ++i) vv[i] = load16(vrow + 16 * i);
-          for (int64_t rr = 0; rr < an; ++rr) {
-            const __m512 pv = _mm512_set1_ps(probs[(ra + rr) * 16 + tt]);
-            for (int i = 0; i < NV; ++i) o[rr][i] = _mm512_fmadd_ps(pv, vv[i], o[rr][i]);
-          }
-        }
-        for (int64_t rr = 0; rr < an; ++rr)
-          for (int i = 0; i < NV; ++i)
-            _mm512_storeu_ps(acc.data() + (ra + rr) * d + 16 * i, o[rr][i]);
-      }
+      for (int64_t ra = r0; ra < r0 + rn; ra += 4)
+        add_weighted_values<T, NV>(acc.data() + ra * d, d, probs.data() + ra * 16,
+                                   std::min<int64_t>(4, r0 + rn - ra), vblock, vt, nt);
     }
   }
   for (int64_t i = 0; i < nq; ++i)
@@ -264,7 +235,7 @@ _HEAD_SIZES = (32, 64, 128, 256)
 def prefill_kernel() -> Any | None:
     """The compiled extension, or None where it cannot be built or the CPU lacks AVX-512."""
     module = load_pooled_extension(
-        "inference_engine_cpu_prefill_v3", _SOURCE.replace("SIMD_HELPERS", SIMD_HELPERS_CPP),
+        "inference_engine_cpu_prefill_v4", _SOURCE.replace("SIMD_HELPERS", SIMD_HELPERS_CPP),
         ["paged_prefill", "available"], description="the CPU paged-prefill attention kernel",
     )
     if module is None or not module.available():
