@@ -104,6 +104,9 @@ def generate(
         help="Quantization method (fp8, ptpc_fp8, ...); default: the checkpoint's own.")] = None,
     dequantize_at_load: Annotated[bool, typer.Option(
         help="Dequantize packed (FP4/FP8) weights once at load: faster on CPU, bf16 memory.")] = False,
+    quant_option: Annotated[Optional[list[str]], typer.Option(
+        help="KEY=VALUE setting of the quantization method, repeatable "
+             "(gguf: activations=q8|float).")] = None,
     device_ids: Annotated[Optional[str], typer.Option(
         help="Device index to use, e.g. 1 (CUDA_VISIBLE_DEVICES is not touched).")] = None,
     platform: Annotated[Optional[str], typer.Option(help="Force a platform by name.")] = None,
@@ -121,6 +124,7 @@ def generate(
                   kv_cache_dtype=kv_cache_dtype,
                   kv_cache_memory=kv_cache_memory, show_progress=not as_json,
                   quantization=quantization, dequantize_at_load=dequantize_at_load,
+                  quant_options=parse_key_values(quant_option, "--quant-option"),
                   device_ids=device_ids, platform=platform)
         outputs = llm.generate(list(prompt), params, use_tqdm=not as_json)
     except (ValueError, UnknownNameError, OSError, TypeError) as exc:
@@ -159,6 +163,21 @@ def _model_or_demo(model: Optional[str], hint: str) -> str:
 def _split(values: Optional[list[str]]) -> list[str]:
     """Repeated and/or comma-separated option values as one list."""
     return [v.strip() for value in values or [] for v in value.split(",") if v.strip()]
+
+
+def parse_key_values(values: Optional[list[str]], flag: str) -> dict[str, str]:
+    """Repeated ``KEY=VALUE`` option values as a dict.
+
+    Raises:
+        ValueError: for a value without ``=`` or with an empty key.
+    """
+    parsed: dict[str, str] = {}
+    for item in values or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{flag} takes KEY=VALUE, got {item!r}")
+        parsed[key.strip()] = value.strip()
+    return parsed
 
 
 def _parse_bytes(value: Optional[str]) -> Optional[int]:
@@ -232,6 +251,9 @@ def serve(
         help="Quantization method (fp8, ptpc_fp8, ...); default: the checkpoint's own.")] = None,
     dequantize_at_load: Annotated[bool, typer.Option(
         help="Dequantize packed (FP4/FP8) weights once at load: faster on CPU, bf16 memory.")] = False,
+    quant_option: Annotated[Optional[list[str]], typer.Option(
+        help="KEY=VALUE setting of the quantization method, repeatable "
+             "(gguf: activations=q8|float).")] = None,
     device_ids: Annotated[Optional[str], typer.Option(
         help="Comma-separated device indices to use (CUDA_VISIBLE_DEVICES is not touched).")] = None,
     platform: Annotated[Optional[str], typer.Option(help="Force a platform by name.")] = None,
@@ -268,7 +290,8 @@ def serve(
             kv_cache_memory=_parse_bytes(kv_cache_memory),
             enable_prefix_caching=enable_prefix_caching, attention_backend=attention_backend,
             kv_cache_dtype=kv_cache_dtype, device_ids=device_ids, platform=platform, seed=seed,
-            quantization=quantization, dequantize_at_load=dequantize_at_load)
+            quantization=quantization, dequantize_at_load=dequantize_at_load,
+            quant_options=parse_key_values(quant_option, "--quant-option"))
         run_server(engine_config, server_config)
     except (ValueError, UnknownNameError, OSError, TypeError) as exc:
         typer.echo(f"error: {exc}", err=True)

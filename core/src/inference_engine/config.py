@@ -216,6 +216,9 @@ class QuantConfig:
     method: str | None = None
     # Dequantize packed weights once at load (speed for memory); off by default.
     dequantize_at_load: bool = False
+    # Method-specific settings (``--quant-option KEY=VALUE``), handed to the method, which
+    # names the keys it takes in ``QuantMethod.option_names`` (others are refused at load).
+    options: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -244,7 +247,7 @@ class EngineConfig:
         Raises:
             TypeError: for a keyword no sub-config knows.
         """
-        aliases = {"quantization": ("quant", "method")}
+        aliases = {"quantization": ("quant", "method"), "quant_options": ("quant", "options")}
         parts: dict[str, dict[str, Any]] = {
             "model": {"model": model},
             "cache": {},

@@ -89,6 +89,9 @@ def bench_command(
         help="KV cache type: auto (a bfloat16 model caches bfloat16), float32 or bfloat16.")] = "auto",
     quantization: Annotated[Optional[str], typer.Option(  # noqa: UP045
         help="Registered quantization method.")] = None,
+    quant_option: Annotated[Optional[list[str]], typer.Option(  # noqa: UP045
+        help="KEY=VALUE setting of the quantization method, repeatable "
+             "(gguf: activations=q8|float).")] = None,
     device_ids: Annotated[Optional[str], typer.Option(  # noqa: UP045
         help="Device index to use, e.g. 1 (CUDA_VISIBLE_DEVICES is not touched).")] = None,
     platform: Annotated[Optional[str], typer.Option(  # noqa: UP045
@@ -105,6 +108,10 @@ def bench_command(
     if quantization is not None:
         kwargs["quantization"] = quantization
     try:
+        if quant_option:
+            from inference_engine.cli import parse_key_values
+
+            kwargs["quant_options"] = parse_key_values(quant_option, "--quant-option")
         result = run_offline_bench(model, num_prompts, input_len, output_len, seed, **kwargs)
     except (ValueError, UnknownNameError, OSError, TypeError) as exc:
         typer.echo(f"error: {exc}", err=True)

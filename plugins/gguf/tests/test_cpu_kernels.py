@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -10,6 +9,7 @@ from inference_engine import cpu_extensions
 from inference_engine_gguf import cpu_kernels, quant_method
 from inference_engine_gguf.dequant import dequantize
 from inference_engine_gguf.quant_method import GGMLEmbedding, tiled_linear
+from inference_engine_gguf.testing import random_ggml_rows
 
 T = GGMLQuantizationType
 KERNEL_TYPES = sorted(cpu_kernels.KERNEL_TYPES)
@@ -18,24 +18,10 @@ requires_kernel = pytest.mark.skipif(
     cpu_kernels.kernel() is None, reason="the C++ GGML kernel could not be built here")
 
 
-# Byte ranges of each block type that hold float16 scales (kept finite and small).
-F16_FIELDS = {
-    T.Q4_0: [(0, 2)], T.Q4_1: [(0, 4)], T.Q5_0: [(0, 2)], T.Q5_1: [(0, 4)], T.Q8_0: [(0, 2)],
-    T.Q2_K: [(80, 84)], T.Q3_K: [(108, 110)], T.Q4_K: [(0, 4)], T.Q5_K: [(0, 4)],
-    T.Q6_K: [(208, 210)],
-}
-
-
 def make_raw(qtype: GGMLQuantizationType, rows: int, blocks_per_row: int,
              seed: int) -> torch.Tensor:
     """Random GGML rows ``uint8 [rows, row_bytes]``: random bytes, finite float16 scales."""
-    rng = np.random.default_rng(seed)
-    type_size = GGML_QUANT_SIZES[qtype][1]
-    raw = rng.integers(0, 256, size=(rows, blocks_per_row, type_size), dtype=np.uint8)
-    for start, end in F16_FIELDS[qtype]:
-        scales = rng.standard_normal((rows, blocks_per_row, (end - start) // 2)) * 1e-2
-        raw[..., start:end] = scales.astype(np.float16).view(np.uint8)
-    return torch.from_numpy(raw.reshape(rows, blocks_per_row * type_size))
+    return torch.from_numpy(random_ggml_rows(qtype, rows, blocks_per_row, seed))
 
 
 def assert_close_to_reference(ours: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:

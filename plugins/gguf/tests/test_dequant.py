@@ -6,40 +6,23 @@ import numpy as np
 import pytest
 import torch
 from gguf import quants
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.constants import GGMLQuantizationType
 from inference_engine_gguf.dequant import dequantize
 from inference_engine_gguf.ggml_types import (
     SUPPORTED_TYPES,
     UnsupportedGGMLTypeError,
     check_supported,
 )
+from inference_engine_gguf.testing import F16_FIELDS, random_ggml_rows
 
 T = GGMLQuantizationType
 
-# Byte ranges of each block type that hold float16 scales (kept finite in crafted blocks).
-F16_FIELDS = {
-    T.Q4_0: [(0, 2)], T.Q4_1: [(0, 4)], T.Q5_0: [(0, 2)], T.Q5_1: [(0, 4)], T.Q8_0: [(0, 2)],
-    T.Q2_K: [(80, 84)], T.Q3_K: [(108, 110)], T.Q4_K: [(0, 4)], T.Q5_K: [(0, 4)],
-    T.Q6_K: [(208, 210)],
-}
-if hasattr(T, "MXFP4"):
-    F16_FIELDS[T.MXFP4] = []  # the e8m0 exponent byte is valid for every value
 BLOCK_TYPES = [t for t in SUPPORTED_TYPES if t in F16_FIELDS]
 QUANTIZABLE = [t for t in BLOCK_TYPES if t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0,
                                                getattr(T, "MXFP4", None))]
 
 
-def crafted_blocks(qtype: GGMLQuantizationType, rows: int, blocks_per_row: int,
-                   seed: int) -> np.ndarray:
-    """Random bytes with finite random float16 scales in the scale fields."""
-    rng = np.random.default_rng(seed)
-    _, type_size = GGML_QUANT_SIZES[qtype]
-    raw = rng.integers(0, 256, size=(rows, blocks_per_row, type_size), dtype=np.uint8)
-    for start, end in F16_FIELDS[qtype]:
-        n = (end - start) // 2
-        scales = (rng.standard_normal((rows, blocks_per_row, n)) * 1e-2).astype(np.float16)
-        raw[..., start:end] = scales.view(np.uint8)
-    return raw.reshape(rows, blocks_per_row * type_size)
+crafted_blocks = random_ggml_rows
 
 
 def assert_bitwise_equal(ours: torch.Tensor, ref: np.ndarray) -> None:

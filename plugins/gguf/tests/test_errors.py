@@ -104,3 +104,21 @@ def test_rope_factors_that_are_not_llama3_are_refused(tmp_path):
     })
     with pytest.raises(GGUFFileError, match="does not follow Llama-3 rope scaling"):
         GGUFFormat(path).load_config()
+
+
+def test_bad_activation_mode_and_unknown_option_are_named(good_file):
+    with pytest.raises(ValueError, match=r"activations='int4' is not one of q8, float"):
+        LLM(str(good_file), show_progress=False, quant_options={"activations": "int4"})
+    with pytest.raises(ValueError, match=r"'gguf' has no option 'group_size'.*takes: activations"):
+        LLM(str(good_file), show_progress=False, quant_options={"group_size": "32"})
+
+
+def test_quant_option_on_the_command_line(good_file):
+    from inference_engine.testing import run_cli
+
+    ok = run_cli("generate", "--model", str(good_file), "--prompt", "hi", "--max-tokens", "2",
+                 "--quant-option", "activations=float", "--json")
+    assert ok.returncode == 0, ok.stderr
+    bad = run_cli("generate", "--model", str(good_file), "--prompt", "hi", "--quant-option",
+                  "activations")
+    assert bad.returncode == 2 and "--quant-option takes KEY=VALUE, got 'activations'" in bad.stderr

@@ -152,7 +152,9 @@ def exported(tmp_path_factory, tokenizer):
 
 
 def load(path: str, **kwargs) -> LLM:
-    return LLM(path, dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV, **kwargs)
+    """The exact product with the file's values (``activations=float``), as transformers runs."""
+    return LLM(path, dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV,
+               quant_options={"activations": "float"}, **kwargs)
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -124,7 +124,13 @@ def _quant_method(quant: QuantConfig, hf_config: Any, path: str = "",
             checkpoint_cfg = {"quant_method": "modelopt", **json.load(f)}
     name = quant.method or (checkpoint_cfg or {}).get("quant_method") or "unquantized"
     cls = registry.resolve("quantization", name)
-    return cls(checkpoint_cfg, dequantize_at_load=quant.dequantize_at_load, platform=platform)
+    unknown = sorted(set(quant.options) - set(cls.option_names))
+    if unknown:
+        takes = ", ".join(sorted(cls.option_names)) or "none"
+        raise ValueError(f"quantization method {name!r} has no option {unknown[0]!r} "
+                         f"(--quant-option; it takes: {takes})")
+    return cls(checkpoint_cfg, dequantize_at_load=quant.dequantize_at_load, platform=platform,
+               **quant.options)
 
 
 def load_model(

@@ -23,6 +23,9 @@ class QuantMethod(ABC):
     apart from the runtime op (:meth:`apply`).
     """
 
+    # Keys this method reads from ``--quant-option KEY=VALUE`` (the loader refuses others).
+    option_names: frozenset[str] = frozenset()
+
     def __init__(self, checkpoint_config: dict[str, Any] | None = None, **options: Any) -> None:
         # The checkpoint's ``quantization_config`` (None for online methods).
         self.checkpoint_config = checkpoint_config or {}

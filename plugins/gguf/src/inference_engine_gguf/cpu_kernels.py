@@ -28,7 +28,8 @@ import torch
 from gguf.constants import GGMLQuantizationType
 from inference_engine.cpu_thread_pool import load_pooled_extension
 
-__all__ = ["KERNEL_TYPES", "dequantize", "dequantize_rows", "ggml_linear", "kernel", "supports"]
+__all__ = ["GGML_HELPERS_CPP", "KERNEL_TYPES", "dequantize", "dequantize_rows", "ggml_linear",
+           "kernel", "supports"]
 
 T = GGMLQuantizationType
 
@@ -42,22 +43,8 @@ DENSE_MIN_ROWS = 256
 # Dense values one dequantized tile may hold on that path (16 MiB of float32).
 DENSE_TILE_VALUES = 1 << 22
 
-_SOURCE = r"""
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <algorithm>
-#include <atomic>
-#include <cstdint>
-#include <cstring>
-#include <vector>
-#if defined(__AVX512F__) || defined(__F16C__)
-#include <immintrin.h>
-#endif
-
-PARALLEL_TASKS
-
-namespace {
-
+GGML_HELPERS_CPP = r"""
+// An IEEE half (GGML's ``d`` / ``dmin`` fields) at p, as float.
 inline float f16(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
@@ -84,6 +71,39 @@ inline float f16(const uint8_t* p) {
   return f;
 #endif
 }
+
+// The 6-bit scale and min of sub-block j of a Q4_K / Q5_K block (12 packed bytes at q).
+inline void scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
+  if (j < 4) {
+    *d = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+"""
+"""C++ shared by the GGML kernels: ``f16(const uint8_t*)`` (a little-endian IEEE half at a
+byte address, as float; F16C where the compiler targets it) and ``scale_min_k4`` (a Q4_K /
+Q5_K sub-block's 6-bit scale and min). Also used by :mod:`inference_engine_gguf.q8k_kernels`."""
+
+_SOURCE = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+#if defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+PARALLEL_TASKS
+
+namespace {
+
+GGML_HELPERS
 
 // Block dequantizers, ggml-quants.c's dequantize_row_* for one block.
 // Each writes block_size floats to y.
@@ -191,16 +211,6 @@ void dq_q3_k(const uint8_t* b, float* y) {
       m <<= 1;
     }
     q += 32;
-  }
-}
-
-inline void scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
-  if (j < 4) {
-    *d = q[j] & 63;
-    *m = q[j + 4] & 63;
-  } else {
-    *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
   }
 }
 
@@ -553,6 +563,8 @@ torch::Tensor ggml_dequantize(torch::Tensor raw, int64_t qtype) {
 }
 """
 
+_SOURCE = _SOURCE.replace("GGML_HELPERS", GGML_HELPERS_CPP)
+
 # NOTE: no FMA contraction, so the dequantization rounds exactly as ggml/gguf.quants do.
 _CFLAGS = ("-ffp-contract=off",)
 
@@ -560,7 +572,7 @@ _CFLAGS = ("-ffp-contract=off",)
 def kernel() -> Any | None:
     """The compiled extension, or None where it cannot be built or is turned off."""
     return load_pooled_extension(
-        "inference_engine_gguf_ggml_matmul_v9", _SOURCE,
+        "inference_engine_gguf_ggml_matmul_v10", _SOURCE,
         ["ggml_linear", "ggml_dequantize_rows", "ggml_dequantize"],
         description="the CPU GGML block matmul kernel", extra_cflags=_CFLAGS)
 

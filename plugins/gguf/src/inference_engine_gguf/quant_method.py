@@ -16,6 +16,13 @@ The token embedding and LM head are not linear layers of the quant method;
 
 ``dequantize_at_load`` (opt-in) instead dequantizes everything once at load:
 more memory, plain dense matmuls.
+
+Activations (``--quant-option activations=...``): ``q8`` (the default on CPU) does
+llama.cpp's arithmetic for the K-quants: each activation row is rounded to Q8_K and
+multiplied in integers (:mod:`inference_engine_gguf.q8k_kernels`), so logits follow
+llama.cpp's on the same file, and decode is faster. ``float`` keeps activations in the
+compute dtype, so the result is the exact product with the dequantized weights (what
+transformers computes on them). Other block types, and other devices, always use float.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from inference_engine.interfaces.quant import QuantMethod
 from inference_engine.layers.weights import STACKED_PARAMS
 from torch import nn
 
-from inference_engine_gguf import cpu_kernels
+from inference_engine_gguf import cpu_kernels, q8k_kernels
 from inference_engine_gguf.dequant import dequantize
 from inference_engine_gguf.ggml_types import check_supported, row_bytes
 
@@ -44,6 +51,8 @@ T = GGMLQuantizationType
 TILE_VALUES = 1 << 22
 _FLOAT_DTYPES = {T.F32: torch.float32, T.F16: torch.float16, T.BF16: torch.bfloat16}
 RAW_PREFIX = "gguf_raw"
+# ``activations`` values: llama.cpp's 8-bit activations for the K-quants, or float.
+ACTIVATION_MODES = ("q8", "float")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,12 +75,14 @@ def empty_raw(qtype: GGMLQuantizationType, shape: tuple[int, int],
 
 
 def tiled_linear(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+                 out: torch.Tensor | None = None, activations: str = "float") -> torch.Tensor:
     """``x @ W.T`` for ``W`` = dequantize(raw), one tile of rows at a time.
 
-    On CPU in float32, block types go to the fused C++ kernel of
-    :mod:`inference_engine_gguf.cpu_kernels` when it is built; otherwise (and
-    for float types, other devices and dtypes) torch dequantizes a tile and
+    With ``activations="q8"``, K-quant weights on CPU take llama.cpp's route
+    (:func:`inference_engine_gguf.q8k_kernels.q8k_linear`). Otherwise, on CPU in
+    float32, block types go to the fused C++ kernel of
+    :mod:`inference_engine_gguf.cpu_kernels` when it is built; elsewhere (and for
+    float types, other devices and dtypes) torch dequantizes a tile and
     ``F.linear`` multiplies it.
 
     Args:
@@ -79,10 +90,14 @@ def tiled_linear(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType
         raw: stored rows of W, ``[N, ...]``.
         qtype: GGML type of ``raw``.
         out: optional ``[T, N]`` destination (may be a column slice).
+        activations: ``"q8"`` or ``"float"`` (see the module docstring).
 
     Returns:
         ``[T, N]`` in ``x.dtype``.
     """
+    if activations == "q8" and qtype in q8k_kernels.Q8K_TYPES and x.device.type == "cpu":
+        y = q8k_kernels.q8k_linear(x, raw, qtype).to(x.dtype)
+        return y if out is None else out.copy_(y)
     if cpu_kernels.supports(x, raw, qtype) and cpu_kernels.kernel() is not None:
         y = cpu_kernels.ggml_linear(x, raw, qtype)
         return y if out is None else out.copy_(y)
@@ -118,6 +133,7 @@ class GGUFMethod(QuantMethod):
     """
 
     name = "gguf"
+    option_names = frozenset({"activations"})
 
     def __init__(self, checkpoint_config: dict[str, Any] | None = None, **options: Any) -> None:
         super().__init__(checkpoint_config, **options)
@@ -132,6 +148,10 @@ class GGUFMethod(QuantMethod):
         }
         self.gguf_file: str | None = cfg.get("gguf_file")
         self.dequantize_at_load = bool(options.get("dequantize_at_load", False))
+        self.activations = str(options.get("activations", "q8")).lower()
+        if self.activations not in ACTIVATION_MODES:
+            raise ValueError(f"gguf: activations={options.get('activations')!r} is not one of "
+                             f"{', '.join(ACTIVATION_MODES)} (--quant-option activations=...)")
         self._dense = UnquantizedMethod()
 
     @classmethod
@@ -142,8 +162,8 @@ class GGUFMethod(QuantMethod):
         """
         torch_path = "torch GGML dequantize (row tiles) + matmul"
         if getattr(platform, "device_type", "cpu") == "cpu" and cpu_kernels_enabled():
-            return (f"C++ fused GGML block matmul (float32, built on first use; "
-                    f"else {torch_path})")
+            return ("C++ K-quant x Q8_K integer dot products (activations=q8, the default), "
+                    f"C++ fused GGML block matmul (float32); built on first use, else {torch_path}")
         return torch_path
 
     # ------------------------------------------------------------ preparation
@@ -218,10 +238,12 @@ class GGUFMethod(QuantMethod):
             _replace(model, "model.embed_tokens", new_embed)
             if head is not None and getattr(head, "is_tied", False):
                 _replace(model, "lm_head", GGMLLMHead(raws[embed_name], swap[embed_name],
-                                                      embed.weight.dtype, is_tied=True))
+                                                      embed.weight.dtype, is_tied=True,
+                                                      activations=self.activations))
         if "lm_head.weight" in swap and head is not None and not getattr(head, "is_tied", False):
             raw = file.raw(ggml_names["lm_head.weight"]).to(head.weight.device)
-            _replace(model, "lm_head", GGMLLMHead(raw, swap["lm_head.weight"], head.weight.dtype))
+            _replace(model, "lm_head", GGMLLMHead(raw, swap["lm_head.weight"], head.weight.dtype,
+                                                  activations=self.activations))
 
     def fused_moe_method(self, prefix: str) -> Any | None:
         """Raw GGML experts for MoE layers the file stores that way, else dense (None)."""
@@ -239,12 +261,16 @@ class GGUFMethod(QuantMethod):
         if segments is None:
             return F.linear(x, layer.weight, bias)
         if len(segments) == 1:
-            y = tiled_linear(x, _raw(layer, 0), segments[0].qtype)
+            y = tiled_linear(x, _raw(layer, 0), segments[0].qtype, activations=self.activations)
         else:
             y = x.new_empty(x.shape[0], layer.output_size)
+            parts = [(_raw(layer, i), seg.qtype) for i, seg in enumerate(segments)]
+            if self.activations == "q8" and q8k_kernels.q8k_segments_linear(x, parts, y):
+                return y if bias is None else y + bias
             for i, seg in enumerate(segments):
                 cols = y[:, seg.row_offset : seg.row_offset + seg.num_rows]
-                cols.copy_(tiled_linear(x, _raw(layer, i), seg.qtype))
+                cols.copy_(tiled_linear(x, _raw(layer, i), seg.qtype,
+                                        activations=self.activations))
         if bias is not None:
             y = y + bias
         return y
@@ -323,11 +349,12 @@ class GGMLLMHead(nn.Module):
     """LM head over raw GGML rows (shared with the embedding when tied)."""
 
     def __init__(self, raw: torch.Tensor, qtype: GGMLQuantizationType, dtype: torch.dtype,
-                 is_tied: bool = False) -> None:
+                 is_tied: bool = False, activations: str = "float") -> None:
         super().__init__()
         self.qtype = qtype
         self.dtype = dtype
         self.is_tied = is_tied
+        self.activations = activations
         self.vocab_size = raw.shape[0]
         self.register_buffer(RAW_PREFIX, raw)
 
@@ -338,10 +365,12 @@ class GGMLLMHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden [n, hidden]`` -> float32 logits ``[n, vocab]``."""
-        return tiled_linear(hidden, self.gguf_raw, self.qtype).float()
+        return tiled_linear(hidden, self.gguf_raw, self.qtype,
+                            activations=self.activations).float()
 
     def extra_repr(self) -> str:
-        return f"vocab={self.vocab_size}, type={self.qtype.name}, tied={self.is_tied}"
+        return (f"vocab={self.vocab_size}, type={self.qtype.name}, tied={self.is_tied}, "
+                f"activations={self.activations}")
 
 
 def _replace(model: nn.Module, dotted: str, module: nn.Module) -> None:

@@ -419,10 +419,13 @@ void write_kv(torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor key,
 }
 """
 
+_SOURCE = _SOURCE.replace("SIMD_HELPERS", SIMD_HELPERS_CPP)
+
+
 def decode_kernel() -> Any | None:
     """The compiled extension module, or None where it cannot be built (logged once)."""
     return load_pooled_extension(
-        "inference_engine_cpu_decode_v31", _SOURCE.replace("SIMD_HELPERS", SIMD_HELPERS_CPP),
+        "inference_engine_cpu_decode_v31", _SOURCE,
         ["paged_decode", "write_kv"],
         description="the CPU paged-decode attention kernel",
     )

@@ -232,10 +232,13 @@ torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tenso
 _HEAD_SIZES = (32, 64, 128, 256)
 
 
+_SOURCE = _SOURCE.replace("SIMD_HELPERS", SIMD_HELPERS_CPP)
+
+
 def prefill_kernel() -> Any | None:
     """The compiled extension, or None where it cannot be built or the CPU lacks AVX-512."""
     module = load_pooled_extension(
-        "inference_engine_cpu_prefill_v4", _SOURCE.replace("SIMD_HELPERS", SIMD_HELPERS_CPP),
+        "inference_engine_cpu_prefill_v4", _SOURCE,
         ["paged_prefill", "available"], description="the CPU paged-prefill attention kernel",
     )
     if module is None or not module.available():

@@ -1,0 +1,573 @@
+"""K-quant matmuls the way llama.cpp computes them on CPU: 8-bit activations, integer dots.
+
+llama.cpp never multiplies float activations by a K-quant weight: each activation row
+is first rounded to Q8_K (per 256 values one float scale ``d = max/-127``-style, int8
+values, and the sums of each 16 of them), and ``vec_dot_qN_K_q8_K`` then multiplies
+the integer quants exactly in integers, applying the weight's sub-block scales and
+mins in integers and the two float scales once per 256-value block. This module does
+the same arithmetic in a C++ kernel (AVX512-BW + VNNI: ``vpmaddubsw`` then
+``vpdpwssd`` per 64 values; scalar loops elsewhere), so that our logits on a K-quant
+GGUF equal llama.cpp's up to float summation order, and a decode step costs a
+fraction of the float path's dequantize-and-FMA.
+
+:func:`quantize_q8_k` and :func:`q8k_linear_reference` are the plain torch statement of
+that arithmetic (ggml's ``quantize_row_q8_K_ref`` and the K-quant dot products
+written as "dequantized Q8_K activations times dequantized weights", which is what the
+integer sums equal); they are the reference the kernel is tested against and the
+fallback where it cannot be built.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from gguf.constants import GGMLQuantizationType
+from inference_engine.cpu_thread_pool import load_pooled_extension
+
+from inference_engine_gguf.cpu_kernels import GGML_HELPERS_CPP
+from inference_engine_gguf.dequant import dequantize
+
+__all__ = ["Q8K_TYPES", "kernel", "q8k_linear", "q8k_linear_reference", "q8k_segments_linear",
+           "quantize_q8_k"]
+
+T = GGMLQuantizationType
+
+# Weight types whose llama.cpp CPU dot product takes Q8_K activations (and our kernel has).
+Q8K_TYPES: frozenset[GGMLQuantizationType] = frozenset({T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K})
+QK_K = 256
+# Weight values one float64 tile of the reference path may hold (32 MiB).
+REFERENCE_TILE_VALUES = 1 << 22
+
+_SOURCE = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+#if defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+PARALLEL_TASKS
+
+namespace {
+
+GGML_HELPERS
+
+// ggml's nearest_int: round half to even through the float mantissa (|v| < 2^22).
+inline int nearest_int(float v) {
+  float t = v + 12582912.f;
+  int32_t i;
+  std::memcpy(&i, &t, 4);
+  return (i & 0x007fffff) - 0x00400000;
+}
+
+// ggml's quantize_row_q8_K_ref for one row of k values (k % 256 == 0).
+void quantize_row_q8k(const float* x, int64_t k, int8_t* qs, float* d, int16_t* bsums) {
+  for (int64_t b = 0; b < k / 256; ++b, x += 256, qs += 256, bsums += 16) {
+    float max = 0.f, amax = 0.f;
+    for (int j = 0; j < 256; ++j) {
+      const float ax = std::fabs(x[j]);
+      if (ax > amax) {
+        amax = ax;
+        max = x[j];
+      }
+    }
+    if (amax == 0.f) {
+      d[b] = 0.f;
+      std::memset(qs, 0, 256);
+      std::memset(bsums, 0, 32);
+      continue;
+    }
+    const float iscale = -127.f / max;
+    for (int j = 0; j < 256; ++j) qs[j] = (int8_t)std::min(127, nearest_int(iscale * x[j]));
+    for (int g = 0; g < 16; ++g) {
+      int sum = 0;
+      for (int l = 0; l < 16; ++l) sum += qs[16 * g + l];
+      bsums[g] = (int16_t)sum;
+    }
+    d[b] = 1.f / iscale;
+  }
+}
+
+// One weight block rewritten for integer dot products against Q8_K activations:
+//   block . a = d * da * sum_g scale[g] * (w[16g..16g+16) . a[16g..])
+//             - dm * da * sum_g offset[g] * bsum[g]
+// with w unsigned quants in activation order (the weight's own sign offset, or its
+// min, moved into the offset term, which the activations' bsums make one product).
+struct alignas(64) Prepared {
+  uint8_t w[256];
+  int16_t lanes[4][32];  // scale of each int16 pair lane of each 64-value chunk
+  alignas(32) int16_t scale[16];
+  alignas(32) int16_t offset[16];
+  float d, dm;
+};
+
+inline void expand_lanes(Prepared* p) {
+#if defined(__AVX512BW__)
+  const __m512i scales = _mm512_castsi256_si512(
+      _mm256_load_si256(reinterpret_cast<const __m256i*>(p->scale)));
+  const __m512i eighth = _mm512_srli_epi16(
+      _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
+                       15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3);  // i / 8
+  for (int c = 0; c < 4; ++c) {
+    const __m512i idx = _mm512_add_epi16(eighth, _mm512_set1_epi16((short)(4 * c)));
+    _mm512_store_si512(reinterpret_cast<void*>(p->lanes[c]),
+                       _mm512_permutexvar_epi16(idx, scales));
+  }
+#else
+  for (int c = 0; c < 4; ++c)
+    for (int i = 0; i < 32; ++i) p->lanes[c][i] = p->scale[4 * c + i / 8];
+#endif
+}
+
+void prep_q4_k(const uint8_t* b, Prepared* p) {
+  p->d = f16(b);
+  p->dm = f16(b + 2);
+  const uint8_t* q = b + 16;
+  for (int j = 0; j < 4; ++j, q += 32) {
+    for (int half = 0; half < 2; ++half) {
+      uint8_t sc, m;
+      scale_min_k4(2 * j + half, b + 4, &sc, &m);
+      p->scale[4 * j + 2 * half] = p->scale[4 * j + 2 * half + 1] = sc;
+      p->offset[4 * j + 2 * half] = p->offset[4 * j + 2 * half + 1] = m;
+    }
+    for (int l = 0; l < 32; ++l) {
+      p->w[64 * j + l] = q[l] & 0xF;
+      p->w[64 * j + 32 + l] = q[l] >> 4;
+    }
+  }
+  expand_lanes(p);
+}
+
+void prep_q5_k(const uint8_t* b, Prepared* p) {
+  p->d = f16(b);
+  p->dm = f16(b + 2);
+  const uint8_t* qh = b + 16;
+  const uint8_t* ql = b + 48;
+  for (int j = 0; j < 4; ++j, ql += 32) {
+    for (int half = 0; half < 2; ++half) {
+      uint8_t sc, m;
+      scale_min_k4(2 * j + half, b + 4, &sc, &m);
+      p->scale[4 * j + 2 * half] = p->scale[4 * j + 2 * half + 1] = sc;
+      p->offset[4 * j + 2 * half] = p->offset[4 * j + 2 * half + 1] = m;
+    }
+    const uint8_t u1 = (uint8_t)(1 << (2 * j)), u2 = (uint8_t)(2 << (2 * j));
+    for (int l = 0; l < 32; ++l) {
+      p->w[64 * j + l] = (ql[l] & 0xF) + ((qh[l] & u1) ? 16 : 0);
+      p->w[64 * j + 32 + l] = (ql[l] >> 4) + ((qh[l] & u2) ? 16 : 0);
+    }
+  }
+  expand_lanes(p);
+}
+
+void prep_q6_k(const uint8_t* b, Prepared* p) {
+  p->d = p->dm = f16(b + 208);
+  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+  for (int g = 0; g < 16; ++g) {
+    p->scale[g] = sc[g];
+    p->offset[g] = (int16_t)(32 * sc[g]);  // quants are stored + 32
+  }
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t* ql = b + 64 * h;
+    const uint8_t* qh = b + 128 + 32 * h;
+    uint8_t* w = p->w + 128 * h;
+    for (int l = 0; l < 32; ++l) {
+      w[l] = (ql[l] & 0xF) | ((qh[l] & 3) << 4);
+      w[l + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
+      w[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+      w[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+    }
+  }
+  expand_lanes(p);
+}
+
+void prep_q2_k(const uint8_t* b, Prepared* p) {
+  p->d = f16(b + 80);
+  p->dm = f16(b + 82);
+  for (int g = 0; g < 16; ++g) {
+    p->scale[g] = b[g] & 0xF;
+    p->offset[g] = b[g] >> 4;
+  }
+  // Group g = 8n + 2j + half holds bits 2j.. of q[32n + 16 half + l].
+  for (int n = 0; n < 2; ++n)
+    for (int j = 0; j < 4; ++j)
+      for (int half = 0; half < 2; ++half) {
+        const uint8_t* q = b + 16 + 32 * n + 16 * half;
+        uint8_t* w = p->w + 16 * (8 * n + 2 * j + half);
+        for (int l = 0; l < 16; ++l) w[l] = (q[l] >> (2 * j)) & 3;
+      }
+  expand_lanes(p);
+}
+
+void prep_q3_k(const uint8_t* b, Prepared* p) {
+  p->d = p->dm = f16(b + 108);
+  uint32_t aux[4];
+  std::memcpy(aux, b + 96, 12);
+  const uint32_t kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f, tmp = aux[2];
+  aux[2] = ((aux[0] >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
+  aux[3] = ((aux[1] >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
+  aux[0] = (aux[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
+  aux[1] = (aux[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
+  int8_t scales[16];
+  std::memcpy(scales, aux, 16);
+  for (int g = 0; g < 16; ++g) {
+    p->scale[g] = scales[g] - 32;
+    p->offset[g] = (int16_t)(4 * (scales[g] - 32));  // quant = w - 4
+  }
+  // Like Q2_K, plus the high bit from hmask: set means +0, clear means -4.
+  for (int n = 0; n < 2; ++n)
+    for (int j = 0; j < 4; ++j)
+      for (int half = 0; half < 2; ++half) {
+        const uint8_t* q = b + 32 + 32 * n + 16 * half;
+        const uint8_t* hm = b + 16 * half;
+        const uint8_t bit = (uint8_t)(1 << (4 * n + j));
+        uint8_t* w = p->w + 16 * (8 * n + 2 * j + half);
+        for (int l = 0; l < 16; ++l) w[l] = ((q[l] >> (2 * j)) & 3) + ((hm[l] & bit) ? 4 : 0);
+      }
+  expand_lanes(p);
+}
+
+#if defined(__AVX512BW__)
+// AVX-512 versions of the Q4_K_M types' preparation (the same bytes as the loops above).
+#define Q8K_SIMD_PREP 1
+
+void prep_q4_k_simd(const uint8_t* b, Prepared* p) {
+  p->d = f16(b);
+  p->dm = f16(b + 2);
+  // The 12 packed bytes -> 8 scales then 8 mins, one byte each (scale_min_k4 for all j).
+  uint32_t u[4];
+  std::memcpy(u, b + 4, 12);
+  const uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, low2 = 0x03030303;
+  u[3] = ((u[2] >> 4) & low4) | (((u[1] >> 6) & low2) << 4);
+  const uint32_t mins_lo = u[1] & low6;
+  u[1] = (u[2] & low4) | (((u[0] >> 6) & low2) << 4);
+  u[2] = mins_lo;
+  u[0] &= low6;
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+  // Each sub-block's scale / min covers two 16-value groups.
+  _mm256_store_si256(reinterpret_cast<__m256i*>(p->scale),
+                     _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(packed, packed)));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(p->offset),
+                     _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(packed, packed)));
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  for (int j = 0; j < 4; ++j) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * j));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(p->w + 64 * j), _mm256_and_si256(q, low));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(p->w + 64 * j + 32),
+                       _mm256_and_si256(_mm256_srli_epi16(q, 4), low));
+  }
+  expand_lanes(p);
+}
+
+void prep_q6_k_simd(const uint8_t* b, Prepared* p) {
+  p->d = p->dm = f16(b + 208);
+  const __m256i sc = _mm256_cvtepi8_epi16(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(p->scale), sc);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(p->offset), _mm256_slli_epi16(sc, 5));
+  const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x03);
+  for (int h = 0; h < 2; ++h) {
+    const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
+    const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
+    const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+    // Bits 2s..2s+1 of each high byte, moved to bits 4..5.
+    auto high = [&](int s) {
+      return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * s), two), 4);
+    };
+    uint8_t* w = p->w + 128 * h;
+    _mm256_store_si256(reinterpret_cast<__m256i*>(w),
+                       _mm256_or_si256(_mm256_and_si256(l0, low), high(0)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(w + 32),
+                       _mm256_or_si256(_mm256_and_si256(l1, low), high(1)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(w + 64),
+                       _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low), high(2)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(w + 96),
+                       _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low), high(3)));
+  }
+  expand_lanes(p);
+}
+#endif
+
+using PrepFn = void (*)(const uint8_t*, Prepared*);
+
+struct TypeInfo {
+  PrepFn prep;
+  int64_t type_size;
+};
+
+// Keyed by GGML type id (gguf.constants.GGMLQuantizationType).
+TypeInfo type_info(int64_t qtype) {
+#if defined(Q8K_SIMD_PREP)
+  if (qtype == 12) return {prep_q4_k_simd, 144};
+  if (qtype == 14) return {prep_q6_k_simd, 210};
+#endif
+  switch (qtype) {
+    case 10: return {prep_q2_k, 84};
+    case 11: return {prep_q3_k, 110};
+    case 12: return {prep_q4_k, 144};
+    case 13: return {prep_q5_k, 176};
+    case 14: return {prep_q6_k, 210};
+    default: TORCH_CHECK(false, "GGML type ", qtype, " has no Q8_K dot product");
+  }
+}
+
+// Activations of one matmul, quantized: row r's block b at qs + r*k + 256b, d[r*nb + b],
+// bsums + (r*nb + b)*16.
+struct Q8K {
+  const int8_t* qs;
+  const float* d;
+  const int16_t* bsums;
+  int64_t k, nb;
+};
+
+// y[i * ldy + j] = activation row r + i (i < R) . prepared weight row j (j < NB, at w + j*nb).
+// Each weight load serves R activation rows, each activation load NB weight rows.
+template <int NB, int R>
+void dot_rows(const Prepared* w, const Q8K& a, int64_t r, float* y, int64_t ldy) {
+  const int64_t nb = a.nb;
+#if defined(__AVX512BW__)
+  __m512 acc[R][NB];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i av[R][4];
+    __m256i bsum[R];
+    __m512 dab[R];
+    for (int i = 0; i < R; ++i) {
+      const int8_t* qs = a.qs + (r + i) * a.k + 256 * b;
+      for (int c = 0; c < 4; ++c)
+        av[i][c] = _mm512_loadu_si512(reinterpret_cast<const void*>(qs + 64 * c));
+      bsum[i] = _mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(a.bsums + ((r + i) * nb + b) * 16));
+      dab[i] = _mm512_set1_ps(a.d[(r + i) * nb + b]);
+    }
+    for (int j = 0; j < NB; ++j) {
+      const Prepared& p = w[j * nb + b];
+      __m512i isum[R];
+      for (int i = 0; i < R; ++i) isum[i] = _mm512_setzero_si512();
+      for (int c = 0; c < 4; ++c) {
+        const __m512i wq = _mm512_load_si512(reinterpret_cast<const void*>(p.w + 64 * c));
+        const __m512i sc = _mm512_load_si512(reinterpret_cast<const void*>(p.lanes[c]));
+        for (int i = 0; i < R; ++i) {
+          const __m512i pairs = _mm512_maddubs_epi16(wq, av[i][c]);  // exact: |.| <= 2*63*127
+#if defined(__AVX512VNNI__)
+          isum[i] = _mm512_dpwssd_epi32(isum[i], pairs, sc);
+#else
+          isum[i] = _mm512_add_epi32(isum[i], _mm512_madd_epi16(pairs, sc));
+#endif
+        }
+      }
+      const __m256i offset = _mm256_load_si256(reinterpret_cast<const __m256i*>(p.offset));
+      const __m512 d = _mm512_set1_ps(p.d), dm = _mm512_set1_ps(p.dm);
+      for (int i = 0; i < R; ++i) {
+        // da * (d * isum - dm * off): the weight's scales are broadcast loads.
+        const __m256i off = _mm256_madd_epi16(offset, bsum[i]);
+        __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[i]), d);
+        v = _mm512_fnmadd_ps(_mm512_zextps256_ps512(_mm256_cvtepi32_ps(off)), dm, v);
+        acc[i][j] = _mm512_fmadd_ps(v, dab[i], acc[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NB; ++j) y[i * ldy + j] = _mm512_reduce_add_ps(acc[i][j]);
+#else
+  for (int i = 0; i < R; ++i) {
+    const int8_t* qs = a.qs + (r + i) * a.k;
+    const float* da = a.d + (r + i) * nb;
+    const int16_t* bs = a.bsums + (r + i) * nb * 16;
+    for (int j = 0; j < NB; ++j) {
+      float sum = 0.f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const Prepared& p = w[j * nb + b];
+        const int8_t* q = qs + 256 * b;
+        int32_t isum = 0, off = 0;
+        for (int g = 0; g < 16; ++g) {
+          int32_t s = 0;
+          for (int l = 0; l < 16; ++l) s += (int32_t)p.w[16 * g + l] * q[16 * g + l];
+          isum += p.scale[g] * s;
+          off += p.offset[g] * bs[16 * b + g];
+        }
+        sum += (float)isum * (p.d * da[b]) - (float)off * (p.dm * da[b]);
+      }
+      y[i * ldy + j] = sum;
+    }
+  }
+#endif
+}
+
+// dot_rows for a run-time count of weight rows (1..kRowsPerTask).
+template <int R>
+void dot_rows_n(int64_t rows, const Prepared* w, const Q8K& a, int64_t r, float* y, int64_t ldy) {
+  switch (rows) {
+    case 8: dot_rows<8, R>(w, a, r, y, ldy); break;
+    case 7: dot_rows<7, R>(w, a, r, y, ldy); break;
+    case 6: dot_rows<6, R>(w, a, r, y, ldy); break;
+    case 5: dot_rows<5, R>(w, a, r, y, ldy); break;
+    case 4: dot_rows<4, R>(w, a, r, y, ldy); break;
+    case 3: dot_rows<3, R>(w, a, r, y, ldy); break;
+    case 2: dot_rows<2, R>(w, a, r, y, ldy); break;
+    default: dot_rows<1, R>(w, a, r, y, ldy); break;
+  }
+}
+
+constexpr int kRowsPerTask = 8;
+
+}  // namespace
+
+// x [M, K] float32 (rows contiguous) -> (qs int8 [M, K], d float32 [M, K/256],
+// bsums int16 [M, K/16]): ggml's quantize_row_q8_K_ref on each row.
+std::vector<torch::Tensor> quantize_q8k(torch::Tensor x) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.stride(1) == 1);
+  const int64_t m = x.size(0), k = x.size(1);
+  TORCH_CHECK(k % 256 == 0, "K=", k, " is not a multiple of 256");
+  auto qs = torch::empty({m, k}, torch::dtype(torch::kInt8));
+  auto d = torch::empty({m, k / 256}, torch::dtype(torch::kFloat32));
+  auto bs = torch::empty({m, k / 16}, torch::dtype(torch::kInt16));
+  const float* xp = x.data_ptr<float>();
+  const int64_t ldx = x.stride(0);
+  int8_t* qp = qs.data_ptr<int8_t>();
+  float* dp = d.data_ptr<float>();
+  int16_t* bp = bs.data_ptr<int16_t>();
+  parallel_tasks(m, [&](int64_t r) {
+    quantize_row_q8k(xp + r * ldx, k, qp + r * k, dp + r * (k / 256), bp + r * (k / 16));
+  });
+  return {qs, d, bs};
+}
+
+// out [M, N] float32 (rows may be strided: a column slice) = Q8_K activations (qs, d,
+// bsums from quantize_q8k) . raw, raw [N, row_bytes] K-quant rows: llama.cpp's arithmetic.
+void q8k_matmul_into(torch::Tensor qs, torch::Tensor d, torch::Tensor bsums, torch::Tensor raw,
+                     int64_t qtype, torch::Tensor out) {
+  TORCH_CHECK(raw.dim() == 2 && raw.scalar_type() == torch::kUInt8 && raw.is_contiguous());
+  TORCH_CHECK(qs.dim() == 2 && qs.scalar_type() == torch::kInt8 && qs.is_contiguous());
+  TORCH_CHECK(d.is_contiguous() && bsums.is_contiguous());
+  const TypeInfo t = type_info(qtype);
+  const int64_t m = qs.size(0), k = qs.size(1), n = raw.size(0), nb = k / 256;
+  TORCH_CHECK(raw.size(1) == nb * t.type_size, "row bytes do not match K");
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == m && out.size(1) == n && out.stride(1) == 1 &&
+              out.scalar_type() == torch::kFloat32, "out: float32 [M, N], unit column stride");
+  if (m == 0 || n == 0) return;
+  const Q8K a{qs.data_ptr<int8_t>(), d.data_ptr<float>(), bsums.data_ptr<int16_t>(), k, nb};
+  const uint8_t* rp = raw.data_ptr<uint8_t>();
+  const int64_t rb = raw.size(1), ldy = out.stride(0);
+  float* yp = out.data_ptr<float>();
+  const int64_t num_tasks = (n + kRowsPerTask - 1) / kRowsPerTask;
+  // A task prepares kRowsPerTask weight rows (in L1) and runs every activation row on them.
+  parallel_tasks(num_tasks, [&](int64_t task) {
+    thread_local std::vector<Prepared> buf;
+    if ((int64_t)buf.size() < kRowsPerTask * nb) buf.resize(kRowsPerTask * nb);
+    const int64_t n0 = task * kRowsPerTask, rows = std::min<int64_t>(kRowsPerTask, n - n0);
+    for (int64_t j = 0; j < rows; ++j)
+      for (int64_t b = 0; b < nb; ++b)
+        t.prep(rp + (n0 + j) * rb + b * t.type_size, &buf[j * nb + b]);
+    // Written straight into out (ldy apart), two activation rows at a time.
+    int64_t r = 0;
+    for (; r + 2 <= m; r += 2) dot_rows_n<2>(rows, buf.data(), a, r, yp + r * ldy + n0, ldy);
+    if (r < m) dot_rows_n<1>(rows, buf.data(), a, r, yp + r * ldy + n0, ldy);
+  });
+}
+
+// y [M, N] float32 = Q8_K(x) . raw: quantize_q8k then q8k_matmul_into.
+torch::Tensor ggml_linear_q8k(torch::Tensor x, torch::Tensor raw, int64_t qtype) {
+  auto q = quantize_q8k(x);
+  auto y = torch::empty({x.size(0), raw.size(0)}, x.options());
+  q8k_matmul_into(q[0], q[1], q[2], raw, qtype, y);
+  return y;
+}
+"""
+
+_SOURCE = _SOURCE.replace("GGML_HELPERS", GGML_HELPERS_CPP)
+
+# NOTE: no FMA contraction: the Q8_K scale and quants round exactly as ggml's reference C.
+_CFLAGS = ("-ffp-contract=off",)
+
+
+def kernel() -> Any | None:
+    """The compiled extension, or None where it cannot be built or is turned off."""
+    return load_pooled_extension(
+        "inference_engine_gguf_q8k_v6", _SOURCE,
+        ["quantize_q8k", "q8k_matmul_into", "ggml_linear_q8k"],
+        description="the CPU K-quant x Q8_K kernel", extra_cflags=_CFLAGS)
+
+
+def quantize_q8_k(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ggml's ``quantize_row_q8_K_ref`` in torch: ``x [M, K]`` float32, ``K % 256 == 0``.
+
+    Per 256 values: the value of largest magnitude ``max`` (the first, on ties) gives
+    ``iscale = -127 / max``; quants are ``min(127, round_half_even(iscale * x))``, ``d =
+    1 / iscale`` and ``bsums`` the sums of each 16 quants. All-zero blocks get ``d = 0``.
+
+    Returns:
+        ``(qs int8 [M, K], d float32 [M, K/256], bsums int16 [M, K/16])``.
+    """
+    m, k = x.shape
+    if k % QK_K:
+        raise ValueError(f"Q8_K needs K to be a multiple of {QK_K}, got {k}")
+    blocks = x.detach().float().reshape(m, k // QK_K, QK_K)
+    first_max = blocks.abs().argmax(dim=-1, keepdim=True)  # argmax returns the first maximum
+    peak = blocks.gather(-1, first_max)
+    nonzero = peak != 0
+    # Tensor / tensor: torch computes ``scalar / tensor`` through a reciprocal, not a division.
+    iscale = torch.where(nonzero, torch.full_like(peak, -127.0) / torch.where(nonzero, peak, 1.0),
+                         0.0)
+    qs = torch.round(iscale * blocks).clamp(max=127).to(torch.int8)  # round: half to even
+    d = torch.where(nonzero, torch.ones_like(iscale) / torch.where(nonzero, iscale, 1.0), 0.0)
+    bsums = qs.reshape(m, k // 16, 16).sum(dim=-1, dtype=torch.int32).to(torch.int16)
+    return qs.reshape(m, k), d.reshape(m, k // QK_K), bsums
+
+
+def q8k_linear_reference(x: torch.Tensor, raw: torch.Tensor,
+                         qtype: GGMLQuantizationType) -> torch.Tensor:
+    """``Q8_K(x) @ dequantize(raw).T`` in float64, returned as float32.
+
+    What llama.cpp's integer K-quant dot products equal (they are exact sums of the
+    same products, scaled once per block), without their float summation order.
+    """
+    qs, d, _ = quantize_q8_k(x.reshape(-1, x.shape[-1]))
+    acts = (qs.double().reshape(qs.shape[0], -1, QK_K) * d.double().unsqueeze(-1))
+    acts = acts.reshape(qs.shape)
+    n = raw.shape[0]
+    y = torch.empty(acts.shape[0], n, dtype=torch.float32, device=x.device)
+    tile = max(1, REFERENCE_TILE_VALUES // acts.shape[1])
+    for start in range(0, n, tile):  # at most one tile of float64 weight at a time
+        w = dequantize(raw[start : start + tile], qtype).double()
+        y[:, start : start + tile] = (acts @ w.t()).float()
+    return y.reshape(*x.shape[:-1], n)
+
+
+def q8k_linear(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType) -> torch.Tensor:
+    """``x [..., K] @ W.T`` with ``x`` rounded to Q8_K first (llama.cpp's CPU arithmetic).
+
+    The C++ kernel where it is built, else :func:`q8k_linear_reference`. Float32 out.
+    """
+    ext = kernel() if x.device.type == "cpu" else None
+    if (ext is not None and x.dim() == 2 and x.dtype == torch.float32 and x.stride(-1) == 1
+            and raw.is_contiguous()):  # the decode path: no reshapes
+        return ext.ggml_linear_q8k(x, raw, int(qtype))
+    lead, k = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, k).float()
+    if ext is None:
+        return q8k_linear_reference(x2, raw, qtype).reshape(*lead, raw.shape[0])
+    y = ext.ggml_linear_q8k(x2.contiguous(), raw.contiguous(), int(qtype))
+    return y.reshape(*lead, y.shape[-1])
+
+
+def q8k_segments_linear(x: torch.Tensor, parts: list[tuple[torch.Tensor, GGMLQuantizationType]],
+                        out: torch.Tensor) -> bool:
+    """``out[:, cols] = Q8_K(x) @ W_i.T`` for consecutive column blocks ``parts`` (raw, type),
+    quantizing ``x [T, K]`` once. Returns False (nothing written) unless the kernel is built
+    and every part is a K-quant, ``x`` and ``out`` float32 on CPU."""
+    ext = kernel() if x.device.type == "cpu" else None
+    if (ext is None or x.dim() != 2 or x.dtype != torch.float32 or out.dtype != torch.float32
+            or any(qtype not in Q8K_TYPES for _, qtype in parts)):
+        return False
+    qs, d, bsums = ext.quantize_q8k(x if x.stride(-1) == 1 else x.contiguous())
+    col = 0
+    for raw, qtype in parts:
+        n = raw.shape[0]
+        ext.q8k_matmul_into(qs, d, bsums, raw.contiguous(), int(qtype), out[:, col : col + n])
+        col += n
+    return True

@@ -1,0 +1,57 @@
+"""Test and benchmark helpers: random GGML rows and ggml's Q8_K rounding in plain numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+__all__ = ["F16_FIELDS", "quantize_q8_k_numpy", "random_ggml_rows"]
+
+T = GGMLQuantizationType
+
+# Byte ranges of each block type that hold float16 scales (kept finite in random rows).
+F16_FIELDS: dict[GGMLQuantizationType, list[tuple[int, int]]] = {
+    T.Q4_0: [(0, 2)], T.Q4_1: [(0, 4)], T.Q5_0: [(0, 2)], T.Q5_1: [(0, 4)], T.Q8_0: [(0, 2)],
+    T.Q2_K: [(80, 84)], T.Q3_K: [(108, 110)], T.Q4_K: [(0, 4)], T.Q5_K: [(0, 4)],
+    T.Q6_K: [(208, 210)],
+}
+if hasattr(T, "MXFP4"):
+    F16_FIELDS[T.MXFP4] = []  # the e8m0 exponent byte is valid for every value
+
+
+def random_ggml_rows(qtype: GGMLQuantizationType, rows: int, blocks_per_row: int,
+                     seed: int) -> np.ndarray:
+    """``uint8 [rows, row_bytes]``: random bytes with finite random float16 scales."""
+    rng = np.random.default_rng(seed)
+    _, type_size = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, size=(rows, blocks_per_row, type_size), dtype=np.uint8)
+    for start, end in F16_FIELDS[qtype]:
+        n = (end - start) // 2
+        scales = (rng.standard_normal((rows, blocks_per_row, n)) * 1e-2).astype(np.float16)
+        raw[..., start:end] = scales.view(np.uint8)
+    return raw.reshape(rows, blocks_per_row * type_size)
+
+
+def quantize_q8_k_numpy(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's ``quantize_row_q8_K_ref`` on each row of ``x [M, K]``, written as its C reads:
+    the first value of largest magnitude ``max``, ``iscale = -127/max``, quants
+    ``min(127, nearest_int(iscale * x))`` with ggml's mantissa trick, ``d = 1/iscale``.
+
+    Returns:
+        ``(qs int8 [M, K], d float32 [M, K/256])``.
+    """
+    m, k = x.shape
+    qs = np.zeros((m, k), np.int8)
+    d = np.zeros((m, k // 256), np.float32)
+    for r in range(m):
+        for b in range(k // 256):
+            block = x[r, 256 * b : 256 * (b + 1)].astype(np.float32)
+            peak = block[int(np.argmax(np.abs(block)))]  # argmax: the first of the largest
+            if peak == 0:
+                continue
+            iscale = np.float32(-127.0) / peak
+            shifted = (iscale * block).astype(np.float32) + np.float32(12582912.0)
+            v = (shifted.view(np.int32) & 0x007FFFFF) - 0x00400000
+            qs[r, 256 * b : 256 * (b + 1)] = np.minimum(127, v)
+            d[r, b] = np.float32(1.0) / iscale
+    return qs, d

@@ -1,0 +1,139 @@
+"""K-quant x Q8_K (llama.cpp's CPU arithmetic) against a numpy statement of ggml's reference C.
+
+:func:`quantize_q8_k_numpy` transcribes ggml's ``quantize_row_q8_K_ref`` (first value of
+largest magnitude, ``iscale = -127/max``, ``nearest_int`` through the float mantissa,
+``min(127, .)``); weights are dequantized by the ``gguf`` package. The matmul reference is
+those rounded activations times those weights in float64: what llama.cpp's integer sums equal.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import quants
+from gguf.constants import GGMLQuantizationType
+from inference_engine.cpu_thread_pool import kernel_runner, thread_pool
+from inference_engine_gguf import q8k_kernels
+from inference_engine_gguf.quant_method import tiled_linear
+from inference_engine_gguf.testing import quantize_q8_k_numpy, random_ggml_rows
+
+T = GGMLQuantizationType
+K_QUANTS = sorted(q8k_kernels.Q8K_TYPES)
+
+
+
+def rows_of(qtype: GGMLQuantizationType, rows: int, blocks_per_row: int, seed: int) -> torch.Tensor:
+    return torch.from_numpy(random_ggml_rows(qtype, rows, blocks_per_row, seed))
+
+
+requires_kernel = pytest.mark.skipif(
+    q8k_kernels.kernel() is None, reason="the C++ Q8_K kernel could not be built here")
+
+
+def reference(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType) -> torch.Tensor:
+    qs, d = quantize_q8_k_numpy(x.numpy())
+    acts = qs.astype(np.float64) * np.repeat(d.astype(np.float64), 256, axis=1)
+    w = quants.dequantize(raw.numpy(), qtype).astype(np.float64)
+    return torch.from_numpy(acts @ w.T), torch.from_numpy(np.abs(acts) @ np.abs(w).T)
+
+
+def activations(m: int, k: int, seed: int) -> torch.Tensor:
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed))
+    x[0, :256] = 0.0  # an all-zero block: d = 0
+    if m > 1:
+        x[1, 3], x[1, 7] = 4.0, -4.0  # equal magnitudes: the first one sets the sign of d
+    return x
+
+
+def assert_close(ours: torch.Tensor, ref: torch.Tensor, magnitude: torch.Tensor) -> None:
+    """Exact integer sums, a few float32 roundings per 256-value block: well within 2^-20."""
+    assert ours.dtype == torch.float32 and ours.shape == ref.shape
+    excess = ((ours.double() - ref).abs() / (magnitude * 2**-20 + 1e-30)).max().item()
+    assert excess <= 1.0, f"error {excess:.2f}x the bound"
+
+
+@requires_kernel
+def test_quantization_equals_ggml_reference_bit_for_bit():
+    x = activations(5, 768, seed=0) * 3.0
+    x[2, 300:400] = 1e-30  # tiny values in a block whose max is large
+    qs_ref, d_ref = quantize_q8_k_numpy(x.numpy())
+    bsums_ref = qs_ref.reshape(5, -1, 16).astype(np.int32).sum(-1).astype(np.int16)
+    for qs, d, bsums in (q8k_kernels.quantize_q8_k(x), q8k_kernels.kernel().quantize_q8k(x)):
+        assert np.array_equal(qs.numpy(), qs_ref)
+        assert np.array_equal(d.numpy().view(np.uint32), d_ref.view(np.uint32))
+        assert np.array_equal(bsums.numpy(), bsums_ref)
+    assert d_ref[0, 0] == 0 and d_ref[1, 0] < 0  # the zero block; the first peak is +4.0
+
+
+@requires_kernel
+@pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
+@pytest.mark.parametrize("m", [1, 2, 3, 16])
+def test_matmul_matches_reference(qtype, m):
+    # N = 37: not a multiple of the kernel's 8 weight rows per task; 3 blocks per row.
+    raw = rows_of(qtype, rows=37, blocks_per_row=3, seed=int(qtype) + m)
+    x = activations(m, 768, seed=m)
+    ref, magnitude = reference(x, raw, qtype)
+    assert_close(q8k_kernels.q8k_linear(x, raw, qtype), ref, magnitude)
+    # The torch fallback is the same arithmetic.
+    assert_close(q8k_kernels.q8k_linear_reference(x, raw, qtype), ref, magnitude)
+
+
+@requires_kernel
+def test_quantized_blocks_from_gguf_and_leading_dims():
+    """Blocks quantized by llama.cpp's formula (not random bytes), activations [2, 3, K]."""
+    rng = np.random.default_rng(0)
+    for qtype in (T.Q4_K, T.Q6_K):
+        values = rng.standard_normal((24, 512)).astype(np.float32)
+        try:
+            raw = torch.from_numpy(quants.quantize(values, qtype))
+        except NotImplementedError:
+            raw = rows_of(qtype, rows=24, blocks_per_row=2, seed=5)
+        x = torch.randn(2, 3, 512, generator=torch.Generator().manual_seed(1))
+        ref, magnitude = reference(x.reshape(6, 512), raw, qtype)
+        ours = q8k_kernels.q8k_linear(x, raw, qtype)
+        assert ours.shape == (2, 3, 24)
+        assert_close(ours.reshape(6, 24), ref, magnitude)
+
+
+@requires_kernel
+def test_segments_write_their_columns_with_one_quantization():
+    x = activations(4, 512, seed=3)
+    parts = [(rows_of(T.Q4_K, rows=20, blocks_per_row=2, seed=1), T.Q4_K),
+             (rows_of(T.Q6_K, rows=9, blocks_per_row=2, seed=2), T.Q6_K)]
+    out = torch.full((4, 29), float("nan"))
+    assert q8k_kernels.q8k_segments_linear(x, parts, out)
+    assert torch.equal(out[:, :20], q8k_kernels.q8k_linear(x, *parts[0]))
+    assert torch.equal(out[:, 20:], q8k_kernels.q8k_linear(x, *parts[1]))
+    # A part the kernel does not take: nothing written, the caller goes part by part.
+    mixed = [parts[0], (rows_of(T.Q8_0, rows=9, blocks_per_row=16, seed=4), T.Q8_0)]
+    fresh = torch.full((4, 29), float("nan"))
+    assert not q8k_kernels.q8k_segments_linear(x, mixed, fresh)
+    assert torch.isnan(fresh).all()
+
+
+@requires_kernel
+def test_tiled_linear_routes_by_activation_mode():
+    raw = rows_of(T.Q4_K, rows=12, blocks_per_row=2, seed=7)
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(2))
+    q8 = tiled_linear(x, raw, T.Q4_K, activations="q8")
+    exact = tiled_linear(x, raw, T.Q4_K, activations="float")
+    assert torch.equal(q8, q8k_kernels.q8k_linear(x, raw, T.Q4_K))
+    ref, magnitude = reference(x, raw, T.Q4_K)
+    assert_close(q8, ref, magnitude)
+    # The float path is the exact product: Q8_K rounding is visible against it.
+    assert (q8 - exact).abs().max() > 1e3 * (q8.double() - ref).abs().max()
+
+
+@requires_kernel
+def test_pool_and_aten_threads_give_identical_results():
+    if thread_pool() is None:
+        pytest.skip("the CPU kernels' thread pool is not available here")
+    raw = rows_of(T.Q6_K, rows=50, blocks_per_row=2, seed=9)
+    x = torch.randn(7, 512, generator=torch.Generator().manual_seed(4))
+    ext = q8k_kernels.kernel()
+    results = []
+    for use_pool in (True, False):
+        with kernel_runner(ext, use_pool):
+            results.append(q8k_kernels.q8k_linear(x, raw, T.Q6_K))
+    assert torch.equal(results[0], results[1])
