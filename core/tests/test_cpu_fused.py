@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from inference_engine.layers.cpu_fused import fused_kernels, fused_rms_norm, fused_silu_and_mul
+from inference_engine.layers.cpu_fused import (
+    fused_argmax,
+    fused_kernels,
+    fused_rms_norm,
+    fused_silu_and_mul,
+)
 from inference_engine.layers.norm import RMSNorm
 
 EPS = 1e-6
@@ -103,3 +108,25 @@ def test_fused_rope_matches_the_torch_rotation(partial):
     assert fused.is_contiguous() and fused.shape == x.shape
     torch.testing.assert_close(fused, reference, atol=1e-6, rtol=1e-6)
     assert torch.equal(fused[..., table.rot_dim:], x[..., table.rot_dim:])
+
+
+@pytest.mark.parametrize("rows", [1, 16, 40])
+@pytest.mark.parametrize("width", [1, 63, 64, 65, 8192])
+def test_argmax_equals_torch(rows, width):
+    gen = torch.Generator().manual_seed(rows * width)
+    x = torch.randn(rows, width + 3, generator=gen)[:, 3:]  # strided rows
+    x[:, -1] = x.max()  # ties: the first maximum wins
+    assert torch.equal(fused_argmax(x), x.argmax(dim=-1))
+
+
+def test_argmax_special_values_follow_torch():
+    x = torch.full((6, 130), -1.0)
+    x[0, 70], x[0, 90] = float("nan"), float("nan")  # NaN ranks first; the first NaN
+    x[0, 100] = float("inf")
+    x[1] = float("-inf")  # all -inf: index 0
+    x[2, 5], x[2, 6] = -0.0, 0.0  # -0 == +0: the first
+    x[3, 129] = float("inf")
+    x[4, 64], x[4, 65] = 3.0, 3.0  # a tie across the kernel's 64-value chunks
+    x[5, 1] = 1e-45  # a denormal above -1
+    assert torch.equal(fused_argmax(x), x.argmax(dim=-1))
+    assert fused_argmax(x.double()) is None and fused_argmax(x[0]) is None

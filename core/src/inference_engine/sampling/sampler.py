@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from inference_engine.layers.cpu_fused import fused_argmax
 from inference_engine.sampling.batch import SamplingBatch
 from inference_engine.sampling.logprobs import Logprob, TokenDecoder, logprobs_to_dicts
 from inference_engine.sampling.processors import (
@@ -44,6 +45,12 @@ class SamplerOutput:
     # Per row {token_id: Logprob} (sampled token first, then the top-N), or None
     # for rows that did not ask; None overall when no row asked.
     logprobs: list[dict[int, Logprob] | None] | None = None
+
+
+def greedy_pick(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(dim=-1)``, through the fused CPU kernel where it applies."""
+    picked = fused_argmax(logits)
+    return logits.argmax(dim=-1) if picked is None else picked
 
 
 class Sampler:
@@ -72,7 +79,7 @@ class Sampler:
         The input logits are not modified.
         """
         if batch.is_plain_greedy:
-            return SamplerOutput(logits.argmax(dim=-1))
+            return SamplerOutput(greedy_pick(logits))
         logits = logits.float()
         tokens = self.sample_tokens(logits, batch)
         if batch.num_logprobs is None:
@@ -83,7 +90,7 @@ class Sampler:
         """``[B]`` int64 picks; ``logits`` is left untouched."""
         processed, is_copy = self._block_and_penalise(logits, batch)
         if batch.all_greedy:
-            return processed.argmax(dim=-1)
+            return greedy_pick(processed)
         greedy_tokens = None
         if batch.is_greedy is not None:
             # Greedy rows: argmax after penalties; their warpers are off anyway.

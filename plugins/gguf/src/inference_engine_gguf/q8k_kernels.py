@@ -97,16 +97,21 @@ void quantize_row_q8k(const float* x, int64_t k, int8_t* qs, float* d, int16_t* 
 //             - dm * da * sum_g offset[g] * bsum[g]
 // with w unsigned quants in activation order (the weight's own sign offset, or its
 // min, moved into the offset term, which the activations' bsums make one product).
+// The offset term is summed in float: moff[g] = dm * offset[g] (exact: an fp16 times a
+// small integer) against -da * bsum[g], one FMA per block alongside the integer part.
 struct alignas(64) Prepared {
   uint8_t w[256];
   int16_t lanes[4][32];  // scale of each int16 pair lane of each 64-value chunk
   alignas(32) int16_t scale[16];
   alignas(32) int16_t offset[16];
+  alignas(64) float moff[16];
   float d, dm;
 };
 
 inline void expand_lanes(Prepared* p) {
 #if defined(__AVX512BW__)
+  _mm512_store_ps(p->moff, _mm512_mul_ps(_mm512_set1_ps(p->dm), _mm512_cvtepi32_ps(
+      _mm512_cvtepi16_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(p->offset))))));
   const __m512i scales = _mm512_castsi256_si512(
       _mm256_load_si256(reinterpret_cast<const __m256i*>(p->scale)));
   const __m512i eighth = _mm512_srli_epi16(
@@ -118,6 +123,7 @@ inline void expand_lanes(Prepared* p) {
                        _mm512_permutexvar_epi16(idx, scales));
   }
 #else
+  for (int g = 0; g < 16; ++g) p->moff[g] = p->dm * (float)p->offset[g];
   for (int c = 0; c < 4; ++c)
     for (int i = 0; i < 32; ++i) p->lanes[c][i] = p->scale[4 * c + i / 8];
 #endif
@@ -319,7 +325,7 @@ TypeInfo type_info(int64_t qtype) {
 struct Q8K {
   const int8_t* qs;
   const float* d;
-  const int16_t* bsums;
+  const float* nbsum;  // -d * bsums, as float
   int64_t k, nb;
 };
 
@@ -334,14 +340,13 @@ void dot_rows(const Prepared* w, const Q8K& a, int64_t r, float* y, int64_t ldy)
     for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     __m512i av[R][4];
-    __m256i bsum[R];
+    __m512 nbs[R];
     __m512 dab[R];
     for (int i = 0; i < R; ++i) {
       const int8_t* qs = a.qs + (r + i) * a.k + 256 * b;
       for (int c = 0; c < 4; ++c)
         av[i][c] = _mm512_loadu_si512(reinterpret_cast<const void*>(qs + 64 * c));
-      bsum[i] = _mm256_loadu_si256(
-          reinterpret_cast<const __m256i*>(a.bsums + ((r + i) * nb + b) * 16));
+      nbs[i] = _mm512_loadu_ps(a.nbsum + ((r + i) * nb + b) * 16);
       dab[i] = _mm512_set1_ps(a.d[(r + i) * nb + b]);
     }
     for (int j = 0; j < NB; ++j) {
@@ -360,14 +365,13 @@ void dot_rows(const Prepared* w, const Q8K& a, int64_t r, float* y, int64_t ldy)
 #endif
         }
       }
-      const __m256i offset = _mm256_load_si256(reinterpret_cast<const __m256i*>(p.offset));
-      const __m512 d = _mm512_set1_ps(p.d), dm = _mm512_set1_ps(p.dm);
+      const __m512 moff = _mm512_load_ps(p.moff);
+      const __m512 d = _mm512_set1_ps(p.d);
       for (int i = 0; i < R; ++i) {
-        // da * (d * isum - dm * off): the weight's scales are broadcast loads.
-        const __m256i off = _mm256_madd_epi16(offset, bsum[i]);
-        __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[i]), d);
-        v = _mm512_fnmadd_ps(_mm512_zextps256_ps512(_mm256_cvtepi32_ps(off)), dm, v);
-        acc[i][j] = _mm512_fmadd_ps(v, dab[i], acc[i][j]);
+        // da * d * isum + sum_g (-da * bsum[g]) * (dm * offset[g]), lane-wise.
+        acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[i]), _mm512_mul_ps(d, dab[i]),
+                                    acc[i][j]);
+        acc[i][j] = _mm512_fmadd_ps(nbs[i], moff, acc[i][j]);
       }
     }
   }
@@ -377,20 +381,21 @@ void dot_rows(const Prepared* w, const Q8K& a, int64_t r, float* y, int64_t ldy)
   for (int i = 0; i < R; ++i) {
     const int8_t* qs = a.qs + (r + i) * a.k;
     const float* da = a.d + (r + i) * nb;
-    const int16_t* bs = a.bsums + (r + i) * nb * 16;
+    const float* nbs = a.nbsum + (r + i) * nb * 16;
     for (int j = 0; j < NB; ++j) {
       float sum = 0.f;
       for (int64_t b = 0; b < nb; ++b) {
         const Prepared& p = w[j * nb + b];
         const int8_t* q = qs + 256 * b;
-        int32_t isum = 0, off = 0;
+        int32_t isum = 0;
+        float off = 0.f;
         for (int g = 0; g < 16; ++g) {
           int32_t s = 0;
           for (int l = 0; l < 16; ++l) s += (int32_t)p.w[16 * g + l] * q[16 * g + l];
           isum += p.scale[g] * s;
-          off += p.offset[g] * bs[16 * b + g];
+          off += nbs[16 * b + g] * p.moff[g];
         }
-        sum += (float)isum * (p.d * da[b]) - (float)off * (p.dm * da[b]);
+        sum += (float)isum * (p.d * da[b]) + off;
       }
       y[i * ldy + j] = sum;
     }
@@ -450,7 +455,12 @@ void q8k_matmul_into(torch::Tensor qs, torch::Tensor d, torch::Tensor bsums, tor
   TORCH_CHECK(out.dim() == 2 && out.size(0) == m && out.size(1) == n && out.stride(1) == 1 &&
               out.scalar_type() == torch::kFloat32, "out: float32 [M, N], unit column stride");
   if (m == 0 || n == 0) return;
-  const Q8K a{qs.data_ptr<int8_t>(), d.data_ptr<float>(), bsums.data_ptr<int16_t>(), k, nb};
+  // -d * bsums per 16 activations, for the offset term's FMA.
+  std::vector<float> nbsum(m * nb * 16);
+  const float* dp = d.data_ptr<float>();
+  const int16_t* bp = bsums.data_ptr<int16_t>();
+  for (int64_t i = 0; i < m * nb * 16; ++i) nbsum[i] = -dp[i / 16] * (float)bp[i];
+  const Q8K a{qs.data_ptr<int8_t>(), dp, nbsum.data(), k, nb};
   const uint8_t* rp = raw.data_ptr<uint8_t>();
   const int64_t rb = raw.size(1), ldy = out.stride(0);
   float* yp = out.data_ptr<float>();
@@ -488,7 +498,7 @@ _CFLAGS = ("-ffp-contract=off",)
 def kernel() -> Any | None:
     """The compiled extension, or None where it cannot be built or is turned off."""
     return load_pooled_extension(
-        "inference_engine_gguf_q8k_v6", _SOURCE,
+        "inference_engine_gguf_q8k_v8", _SOURCE,
         ["quantize_q8k", "q8k_matmul_into", "ggml_linear_q8k"],
         description="the CPU K-quant x Q8_K kernel", extra_cflags=_CFLAGS)
 
