@@ -4,23 +4,24 @@ The reference is the transformers model holding exactly the values the file
 stores, dequantized by the ``gguf`` package's numpy code. Where a token
 differs it must be a genuine near-tie of the reference (top-2 within 1e-4).
 
-With ``activations=float`` that model is run as is. With ``activations=q8`` (the
-default, llama.cpp's arithmetic) each of its linear layers whose tensor the file
-(read by ``gguf.GGUFReader``) stores as a K-quant first rounds its input to Q8_K,
-as ggml's ``quantize_row_q8_K_ref`` does, and multiplies in float64.
+That comparison runs the engine with ``activations=float``. The default
+``activations=q8`` (llama.cpp's arithmetic) is checked layer by layer inside a
+whole generate against ggml's Q8_K rounding in numpy.
 """
 
 from __future__ import annotations
 
-import gguf
-import numpy as np
 import pytest
 import torch
 from gguf.constants import GGMLQuantizationType as T
 from inference_engine import LLM, SamplingParams
 from inference_engine.testing_parity import assert_greedy_matches, hf_greedy
+from inference_engine_gguf import q8k_kernels
+from inference_engine_gguf.dequant import dequantize
 from inference_engine_gguf.export import export_to_gguf
-from inference_engine_gguf.testing import quantize_q8_k_numpy
+from inference_engine_gguf.q8k_kernels import unpack_tiles
+from inference_engine_gguf.quant_method import GGMLLMHead, raw_rows
+from inference_engine_gguf.testing import q8k_matmul_reference
 
 NEW_TOKENS = 10
 PROMPTS = ["The quick brown fox", "héllo wörld, naïve café"]
@@ -74,34 +75,6 @@ def reference_continuations(model, stored, prompt_ids):
 
 
 K_QUANTS = {T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K}
-ARCHS = {"qwen3": gguf.MODEL_ARCH.QWEN3, "llama": gguf.MODEL_ARCH.LLAMA}
-
-
-def q8_activation_linear(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)`` with ``x`` rounded to Q8_K per 256 values (numpy, ggml's reference C)."""
-    flat = x.detach().reshape(-1, x.shape[-1]).float().numpy()
-    qs, d = quantize_q8_k_numpy(flat)
-    rounded = torch.from_numpy(qs.astype(np.float64) * np.repeat(d, 256, axis=1))
-    y = rounded @ module.weight.double().t()
-    if module.bias is not None:
-        y = y + module.bias.double()
-    return y.float().reshape(*x.shape[:-1], -1)
-
-
-def use_q8_activations(model: torch.nn.Module, path, arch: str) -> None:
-    """Route the linear layers the file stores as K-quants through :func:`q8_activation_linear`."""
-    types = {t.name: t.tensor_type for t in gguf.GGUFReader(str(path)).tensors}
-    names = gguf.get_tensor_name_map(ARCHS[arch], model.config.num_hidden_layers)
-    for name, module in model.named_modules():
-        if not isinstance(module, torch.nn.Linear):
-            continue
-        ggml = names.get_name(f"{name}.weight", try_suffixes=(".weight",))
-        if ggml is None and name == "lm_head" and model.config.tie_word_embeddings:
-            ggml = "token_embd.weight"
-        if ggml is not None and types.get(ggml) in K_QUANTS:
-            module.forward = lambda x, m=module: q8_activation_linear(m, x)
-
-
 def run_engine(path, prompt_ids, **kwargs):
     llm = LLM(str(path), dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV, **kwargs)
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
@@ -130,31 +103,54 @@ Q8_CASES = ["qwen3-Q4_K_M", "qwen3-mixed", "qwen3-Q4_K-tied", "llama-Q4_K_M"]
 
 
 @pytest.mark.parametrize("case", Q8_CASES)
-def test_q8_activations_match_transformers_with_llamacpp_arithmetic(case, tmp_path, tokenizer,
-                                                                     make_hf_model):
-    """The default ``activations=q8``: same greedy tokens as transformers rounding each K-quant
-    layer's input to Q8_K; a K-quant layer's output is that arithmetic, not the float one."""
+def test_q8_layers_compute_llamacpp_arithmetic_in_the_engine(case, tmp_path, tokenizer,
+                                                            make_hf_model):
+    """The default ``activations=q8``, through a whole generate: every K-quant layer's output
+    (fused parts, packed tiles and the LM head included) equals ggml's Q8_K rounding of the
+    very input it got times the file's weights, and not the float product.
+
+    Greedy tokens are not compared here: an input within float rounding of a Q8_K step
+    rounds either way between any two implementations (llama.cpp's own included), and the
+    flip then grows through the layers; the float path carries the end-to-end comparison.
+    """
     arch, qtype, overrides = CASES[case]
     model = make_hf_model(arch, seed=len(case), **overrides)
     path = tmp_path / "model.gguf"
-    stored = export_to_gguf(model, tokenizer, path, qtype)
-    prompt_ids = [tokenizer.encode(p) for p in PROMPTS]
-    model.load_state_dict({**model.state_dict(), **stored})
-    use_q8_activations(model, path, arch)
-    ref = reference_continuations(model, stored, prompt_ids)
-    llm, ours = run_engine(path, prompt_ids)
-    for ids, a, b in zip(prompt_ids, ours, ref, strict=True):
-        assert_greedy_matches(model, ids, a, b)
-    # The last down projection is Q6_K or Q4_K in every case.
-    down = llm.engine.model.model.layers[-1].mlp.down_proj
-    hf_down = model.model.layers[-1].mlp.down_proj
-    x = torch.randn(3, hf_down.in_features, generator=torch.Generator().manual_seed(0))
-    with torch.inference_mode():
-        y = down.quant_method.apply(down, x)
-    q8_ref = q8_activation_linear(hf_down, x).double()
-    float_ref = torch.nn.functional.linear(x.double(), hf_down.weight.double())
-    assert (y - q8_ref).abs().max() < 1e-5 * q8_ref.abs().max()
-    assert (y - float_ref).abs().max() > 1e-3 * float_ref.abs().max()
+    export_to_gguf(model, tokenizer, path, qtype)
+    llm = LLM(str(path), dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV)
+    calls = []
+    layers = [m for m in llm.engine.model.modules()
+              if getattr(m, "gguf_segments", None) or isinstance(m, GGMLLMHead)]
+    hooks = [m.register_forward_hook(lambda mod, args, out: calls.append((mod, args[0], out)))
+             for m in layers]
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": tokenizer.encode(p)} for p in PROMPTS], params,
+                 use_tqdm=False)
+    for hook in hooks:
+        hook.remove()
+    checked = 0
+    for module, x, y in calls:
+        if isinstance(module, GGMLLMHead):
+            raw = unpack_tiles(module.gguf_raw, module.qtype) if module.packed else module.gguf_raw
+            parts = [(raw, module.qtype, 0, module.vocab_size)]
+        else:
+            parts = [(raw_rows(module, i), seg.qtype, seg.row_offset, seg.num_rows)
+                     for i, seg in enumerate(module.gguf_segments)]
+        for raw, part_type, start, rows in parts:
+            if part_type not in K_QUANTS:
+                continue
+            ours = y[:, start : start + rows].double()
+            ref, magnitude = q8k_matmul_reference(x, raw, part_type)
+            assert ((ours - ref).abs() <= magnitude * 2**-20 + 1e-30).all(), module
+            exact = x.double() @ dequantize(raw, part_type).double().t()
+            assert (ours - exact).abs().max() > 1e3 * (ours - ref).abs().max()
+            checked += 1
+    assert checked >= 8  # every layer of the prefill and the decode steps
+    # Q4_K and Q6_K rows are held as tiles, except a tied head's (the embedding's rows).
+    packed = [getattr(m, "gguf_packed", [getattr(m, "packed", False)]) for m in layers
+              if not getattr(m, "is_tied", False)]
+    if q8k_kernels.packing_available() and qtype in (q4_k_m, T.Q4_K):
+        assert all(all(p) for p in packed)
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])

@@ -16,7 +16,11 @@ from gguf.constants import GGMLQuantizationType
 from inference_engine.cpu_thread_pool import kernel_runner, thread_pool
 from inference_engine_gguf import q8k_kernels
 from inference_engine_gguf.quant_method import tiled_linear
-from inference_engine_gguf.testing import quantize_q8_k_numpy, random_ggml_rows
+from inference_engine_gguf.testing import (
+    q8k_matmul_reference,
+    quantize_q8_k_numpy,
+    random_ggml_rows,
+)
 
 T = GGMLQuantizationType
 K_QUANTS = sorted(q8k_kernels.Q8K_TYPES)
@@ -29,13 +33,6 @@ def rows_of(qtype: GGMLQuantizationType, rows: int, blocks_per_row: int, seed: i
 
 requires_kernel = pytest.mark.skipif(
     q8k_kernels.kernel() is None, reason="the C++ Q8_K kernel could not be built here")
-
-
-def reference(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType) -> torch.Tensor:
-    qs, d = quantize_q8_k_numpy(x.numpy())
-    acts = qs.astype(np.float64) * np.repeat(d.astype(np.float64), 256, axis=1)
-    w = quants.dequantize(raw.numpy(), qtype).astype(np.float64)
-    return torch.from_numpy(acts @ w.T), torch.from_numpy(np.abs(acts) @ np.abs(w).T)
 
 
 def activations(m: int, k: int, seed: int) -> torch.Tensor:
@@ -69,11 +66,11 @@ def test_quantization_equals_ggml_reference_bit_for_bit():
 @requires_kernel
 @pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
 @pytest.mark.parametrize("m", [1, 2, 3, 16])
-def test_matmul_matches_reference(qtype, m):
+def test_matmul_matches_q8k_matmul_reference(qtype, m):
     # N = 37: not a multiple of the kernel's 8 weight rows per task; 3 blocks per row.
     raw = rows_of(qtype, rows=37, blocks_per_row=3, seed=int(qtype) + m)
     x = activations(m, 768, seed=m)
-    ref, magnitude = reference(x, raw, qtype)
+    ref, magnitude = q8k_matmul_reference(x, raw, qtype)
     assert_close(q8k_kernels.q8k_linear(x, raw, qtype), ref, magnitude)
     # The torch fallback is the same arithmetic.
     assert_close(q8k_kernels.q8k_linear_reference(x, raw, qtype), ref, magnitude)
@@ -90,7 +87,7 @@ def test_quantized_blocks_from_gguf_and_leading_dims():
         except NotImplementedError:
             raw = rows_of(qtype, rows=24, blocks_per_row=2, seed=5)
         x = torch.randn(2, 3, 512, generator=torch.Generator().manual_seed(1))
-        ref, magnitude = reference(x.reshape(6, 512), raw, qtype)
+        ref, magnitude = q8k_matmul_reference(x.reshape(6, 512), raw, qtype)
         ours = q8k_kernels.q8k_linear(x, raw, qtype)
         assert ours.shape == (2, 3, 24)
         assert_close(ours.reshape(6, 24), ref, magnitude)
@@ -119,7 +116,7 @@ def test_tiled_linear_routes_by_activation_mode():
     q8 = tiled_linear(x, raw, T.Q4_K, activations="q8")
     exact = tiled_linear(x, raw, T.Q4_K, activations="float")
     assert torch.equal(q8, q8k_kernels.q8k_linear(x, raw, T.Q4_K))
-    ref, magnitude = reference(x, raw, T.Q4_K)
+    ref, magnitude = q8k_matmul_reference(x, raw, T.Q4_K)
     assert_close(q8, ref, magnitude)
     # The float path is the exact product: Q8_K rounding is visible against it.
     assert (q8 - exact).abs().max() > 1e3 * (q8.double() - ref).abs().max()
@@ -137,3 +134,30 @@ def test_pool_and_aten_threads_give_identical_results():
         with kernel_runner(ext, use_pool):
             results.append(q8k_kernels.q8k_linear(x, raw, T.Q6_K))
     assert torch.equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("qtype", sorted(q8k_kernels.PACKED_TYPES), ids=lambda t: t.name)
+def test_tiles_are_a_permutation_of_the_raw_rows(qtype):
+    raw = rows_of(qtype, rows=48, blocks_per_row=3, seed=11)
+    tiles = q8k_kernels.pack_tiles(raw, qtype)
+    assert tiles.shape == (3, raw.shape[1] * 16) and tiles.dtype == torch.uint8
+    assert torch.equal(tiles.flatten().sort().values, raw.flatten().sort().values)
+    assert torch.equal(q8k_kernels.unpack_tiles(tiles, qtype), raw)
+    with pytest.raises(ValueError, match="multiples of 16"):
+        q8k_kernels.pack_tiles(raw[:40], qtype)
+
+
+@pytest.mark.skipif(not q8k_kernels.packing_available(), reason="needs AVX512-BW + VNNI")
+@pytest.mark.parametrize("qtype", sorted(q8k_kernels.PACKED_TYPES), ids=lambda t: t.name)
+@pytest.mark.parametrize("m", [1, 3, 4, 9, 16, 21])
+def test_packed_tiles_match_reference(qtype, m):
+    """Every row-group size of the kernel (8 / 4 / 1 activation rows per pass) and
+    several tiles (the prefetch of a later tile)."""
+    raw = rows_of(qtype, rows=112, blocks_per_row=2, seed=int(qtype) * m)
+    x = activations(m, 512, seed=m + 1)
+    out = torch.full((m, 120), float("nan"))
+    parts = [(q8k_kernels.pack_tiles(raw, qtype), qtype), (rows_of(T.Q5_K, 8, 2, seed=3), T.Q5_K)]
+    assert q8k_kernels.q8k_segments_linear(x, parts, out, packed=[True, False])
+    ref, magnitude = q8k_matmul_reference(x, raw, qtype)
+    assert_close(out[:, :112], ref, magnitude)
+    assert torch.equal(out[:, 112:], q8k_kernels.q8k_linear(x, parts[1][0], T.Q5_K))

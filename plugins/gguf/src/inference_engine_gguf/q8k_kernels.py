@@ -28,8 +28,9 @@ from inference_engine.cpu_thread_pool import load_pooled_extension
 from inference_engine_gguf.cpu_kernels import GGML_HELPERS_CPP
 from inference_engine_gguf.dequant import dequantize
 
-__all__ = ["Q8K_TYPES", "kernel", "q8k_linear", "q8k_linear_reference", "q8k_segments_linear",
-           "quantize_q8_k"]
+__all__ = ["PACKED_TYPES", "Q8K_TYPES", "TILE_ROWS", "kernel", "pack_tiles", "packing_available",
+           "q8k_linear", "q8k_linear_reference", "q8k_segments_linear", "quantize_q8_k",
+           "unpack_tiles"]
 
 T = GGMLQuantizationType
 
@@ -420,7 +421,246 @@ void dot_rows_n(int64_t rows, const Prepared* w, const Q8K& a, int64_t r, float*
 
 constexpr int kRowsPerTask = 8;
 
+// ---- Packed tiles: 16 weight rows interleaved, the output lanes are weight rows. ----
+// A tile holds one 256-value block of 16 consecutive rows, its bytes a permutation of
+// the 16 raw blocks (same memory): each field row-interleaved in 4-byte units, so one
+// 64-byte load gives the same 4 bytes of all 16 rows. vpdpbusd then multiplies 4 quants
+// of 16 rows by 4 activations broadcast to every lane: no preparation per call and no
+// horizontal sums.
+//   Q4_K tile (2304 bytes): d [16] fp16 | dmin [16] fp16 | scale bytes [3][16][4] |
+//                           q [32][16][4]
+//   Q6_K tile (3360 bytes): d [16] fp16 | scales [4][16][4] | ql [32][16][4] | qh [16][16][4]
+constexpr int64_t kQ4KTile = 2304, kQ6KTile = 3360;
+constexpr int64_t kPrefetchAhead = 4;  // tiles
+
+#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define Q8K_PACKED 1
+
+inline __m512i bcast4(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+inline __m512i load64(const uint8_t* p) {
+  return _mm512_loadu_si512(reinterpret_cast<const void*>(p));
+}
+
+// Per (activation row, block) int16 pairs of bsum sums for the offset terms (see below).
+struct PackedActs {
+  const int8_t* qs;
+  const float* d;
+  const int32_t* pairs;  // [M, nb, 12]
+  int64_t k, nb;
+};
+
+// acc[i] += the tile's block b for activation rows r0..r0+R.
+template <int R>
+void q4k_tile_block(const uint8_t* t, const PackedActs& a, int64_t r0, int64_t b, __m512* acc) {
+  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
+  const __m512 dmin = _mm512_cvtph_ps(
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32)));
+  // The 12 scale bytes of each row -> 8 scales (u0, u1) and 8 mins (u2, u3), a byte each.
+  const __m512i x0 = load64(t + 64), x1 = load64(t + 128), x2 = load64(t + 192);
+  const __m512i low6 = _mm512_set1_epi32(0x3f3f3f3f), low4 = _mm512_set1_epi32(0x0f0f0f0f);
+  const __m512i low2 = _mm512_set1_epi32(0x03030303);
+  const __m512i u[4] = {
+      _mm512_and_si512(x0, low6),
+      _mm512_or_si512(_mm512_and_si512(x2, low4),
+                      _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(x0, 6), low2), 4)),
+      _mm512_and_si512(x1, low6),
+      _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(x2, 4), low4),
+                      _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(x1, 6), low2), 4))};
+  const __m512i byte = _mm512_set1_epi32(0xFF), nib = _mm512_set1_epi8(0x0F);
+  const uint8_t* q = t + 256;
+  __m512i isum[R];
+  for (int i = 0; i < R; ++i) isum[i] = _mm512_setzero_si512();
+  for (int c = 0; c < 4; ++c) {
+    __m512i lo_acc[R], hi_acc[R];
+    for (int i = 0; i < R; ++i) lo_acc[i] = hi_acc[i] = _mm512_setzero_si512();
+    for (int v = 0; v < 8; ++v) {
+      const __m512i w = load64(q + (8 * c + v) * 64);
+      const __m512i lo = _mm512_and_si512(w, nib);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nib);
+      for (int i = 0; i < R; ++i) {
+        const int8_t* x = a.qs + (r0 + i) * a.k + 256 * b + 64 * c + 4 * v;
+        lo_acc[i] = _mm512_dpbusd_epi32(lo_acc[i], lo, bcast4(x));
+        hi_acc[i] = _mm512_dpbusd_epi32(hi_acc[i], hi, bcast4(x + 32));
+      }
+    }
+    // Sub-blocks 2c and 2c + 1: byte (2c) % 4 and (2c + 1) % 4 of u[c / 2].
+    const __m512i s_lo = _mm512_and_si512(_mm512_srli_epi32(u[c / 2], 16 * (c % 2)), byte);
+    const __m512i s_hi = _mm512_and_si512(_mm512_srli_epi32(u[c / 2], 16 * (c % 2) + 8), byte);
+    for (int i = 0; i < R; ++i)
+      isum[i] = _mm512_add_epi32(isum[i], _mm512_add_epi32(_mm512_mullo_epi32(lo_acc[i], s_lo),
+                                                           _mm512_mullo_epi32(hi_acc[i], s_hi)));
+  }
+  // Mins: sum_s m[s] * (bsum[2s] + bsum[2s + 1]), int16 pairs (m[4t], m[4t+2]) and
+  // (m[4t+1], m[4t+3]) against the activations' pairs of those sums.
+  const __m512i even = _mm512_set1_epi32(0x00FF00FF);
+  const __m512i m_a[2] = {_mm512_and_si512(u[2], even), _mm512_and_si512(u[3], even)};
+  const __m512i m_b[2] = {_mm512_and_si512(_mm512_srli_epi32(u[2], 8), even),
+                          _mm512_and_si512(_mm512_srli_epi32(u[3], 8), even)};
+  for (int i = 0; i < R; ++i) {
+    const int32_t* pr = a.pairs + ((r0 + i) * a.nb + b) * 12;
+    __m512i msum = _mm512_setzero_si512();
+    for (int h = 0; h < 2; ++h) {
+      msum = _mm512_dpwssd_epi32(msum, m_a[h], _mm512_set1_epi32(pr[2 * h]));
+      msum = _mm512_dpwssd_epi32(msum, m_b[h], _mm512_set1_epi32(pr[2 * h + 1]));
+    }
+    const __m512 da = _mm512_set1_ps(a.d[(r0 + i) * a.nb + b]);
+    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[i]), _mm512_mul_ps(d, da), acc[i]);
+    acc[i] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin, da), acc[i]);
+  }
+}
+
+template <int R>
+void q6k_tile_block(const uint8_t* t, const PackedActs& a, int64_t r0, int64_t b, __m512* acc) {
+  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
+  __m512i sc[4];
+  for (int j = 0; j < 4; ++j) sc[j] = load64(t + 32 + 64 * j);
+  const uint8_t* ql = t + 288;
+  const uint8_t* qh = t + 2336;
+  const __m512i nib = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(0x03);
+  __m512i isum[R];
+  for (int i = 0; i < R; ++i) isum[i] = _mm512_setzero_si512();
+  for (int h = 0; h < 2; ++h) {
+    for (int k = 0; k < 4; ++k) {
+      for (int uh = 0; uh < 2; ++uh) {
+        __m512i part[R];
+        for (int i = 0; i < R; ++i) part[i] = _mm512_setzero_si512();
+        for (int v = 4 * uh; v < 4 * uh + 4; ++v) {
+          // Values 128h + 32k + 4v ..: low or high nibbles of ql, two bits of qh, + 32.
+          const __m512i l = load64(ql + (16 * h + 8 * (k & 1) + v) * 64);
+          const __m512i hb = load64(qh + (8 * h + v) * 64);
+          const __m512i lowbits = k < 2 ? _mm512_and_si512(l, nib)
+                                        : _mm512_and_si512(_mm512_srli_epi16(l, 4), nib);
+          const __m512i highbits = _mm512_slli_epi16(
+              _mm512_and_si512(_mm512_srli_epi16(hb, 2 * k), two), 4);
+          const __m512i w = _mm512_or_si512(lowbits, highbits);
+          for (int i = 0; i < R; ++i) {
+            const int8_t* x = a.qs + (r0 + i) * a.k + 256 * b + 128 * h + 32 * k + 4 * v;
+            part[i] = _mm512_dpbusd_epi32(part[i], w, bcast4(x));
+          }
+        }
+        // Group g = 8h + 2k + uh: scale byte g % 4 of dword g / 4, sign-extended.
+        const int g = 8 * h + 2 * k + uh;
+        const __m512i s = _mm512_srai_epi32(_mm512_slli_epi32(sc[g / 4], 24 - 8 * (g % 4)), 24);
+        for (int i = 0; i < R; ++i)
+          isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(part[i], s));
+      }
+    }
+  }
+  // The stored +32: 32 * sum_g scale[g] * bsum[g], int16 pairs (sc[4j], sc[4j+2]) and
+  // (sc[4j+1], sc[4j+3]) against the activations' bsum pairs.
+  __m512i s_a[4], s_b[4];
+  for (int j = 0; j < 4; ++j) {
+    s_a[j] = _mm512_srai_epi16(_mm512_slli_epi16(sc[j], 8), 8);
+    s_b[j] = _mm512_srai_epi16(sc[j], 8);
+  }
+  for (int i = 0; i < R; ++i) {
+    const int32_t* pr = a.pairs + ((r0 + i) * a.nb + b) * 12 + 4;
+    __m512i off = _mm512_setzero_si512();
+    for (int j = 0; j < 4; ++j) {
+      off = _mm512_dpwssd_epi32(off, s_a[j], _mm512_set1_epi32(pr[2 * j]));
+      off = _mm512_dpwssd_epi32(off, s_b[j], _mm512_set1_epi32(pr[2 * j + 1]));
+    }
+    const __m512i total = _mm512_sub_epi32(isum[i], _mm512_slli_epi32(off, 5));
+    const __m512 da = _mm512_set1_ps(a.d[(r0 + i) * a.nb + b]);
+    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d, da), acc[i]);
+  }
+}
+
+// out[r0 + i, 16 tile + j] for R activation rows, every block of one tile of rows.
+template <int R, bool Q6>
+void packed_rows(const uint8_t* tiles, int64_t tile_bytes, const PackedActs& a, int64_t r0,
+                 float* out, int64_t ldy) {
+  __m512 acc[R];
+  for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < a.nb; ++b) {
+    if (Q6) q6k_tile_block<R>(tiles + b * tile_bytes, a, r0, b, acc);
+    else q4k_tile_block<R>(tiles + b * tile_bytes, a, r0, b, acc);
+  }
+  for (int i = 0; i < R; ++i) _mm512_storeu_ps(out + (r0 + i) * ldy, acc[i]);
+}
+#endif
+
 }  // namespace
+
+// Whether q8k_packed_matmul_into exists in this build (AVX512-BW + VNNI).
+bool packed_available() {
+#if defined(Q8K_PACKED)
+  return true;
+#else
+  return false;
+#endif
+}
+
+// out [M, N] float32 (unit column stride) = Q8_K activations . packed K-quant tiles
+// (uint8 [N/16, nb * tile bytes], see above), qtype Q4_K (12) or Q6_K (14).
+void q8k_packed_matmul_into(torch::Tensor qs, torch::Tensor d, torch::Tensor bsums,
+                            torch::Tensor packed, int64_t qtype, torch::Tensor out) {
+#if defined(Q8K_PACKED)
+  TORCH_CHECK(qtype == 12 || qtype == 14, "packed tiles exist for Q4_K and Q6_K only");
+  TORCH_CHECK(qs.dim() == 2 && qs.scalar_type() == torch::kInt8 && qs.is_contiguous());
+  TORCH_CHECK(d.is_contiguous() && bsums.is_contiguous() && packed.is_contiguous());
+  const bool q6 = qtype == 14;
+  const int64_t tile_bytes = q6 ? kQ6KTile : kQ4KTile;
+  const int64_t m = qs.size(0), k = qs.size(1), nb = k / 256, tiles = packed.size(0);
+  TORCH_CHECK(packed.dim() == 2 && packed.size(1) == nb * tile_bytes, "packed rows do not match K");
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == m && out.size(1) == tiles * 16 &&
+              out.stride(1) == 1 && out.scalar_type() == torch::kFloat32,
+              "out: float32 [M, N], unit column stride");
+  if (m == 0 || tiles == 0) return;
+  // Per (row, block): Q4_K's pair sums ps[s] = bsum[2s] + bsum[2s+1] as int16 pairs
+  // (ps[4t], ps[4t+2]), (ps[4t+1], ps[4t+3]) for t = 0, 1; then Q6_K's bsum pairs
+  // (bs[4j], bs[4j+2]), (bs[4j+1], bs[4j+3]) for j = 0..3.
+  std::vector<int32_t> pairs(m * nb * 12);
+  const int16_t* bp = bsums.data_ptr<int16_t>();
+  auto pack2 = [](int v0, int v1) {
+    return (int32_t)((uint32_t)(uint16_t)(int16_t)v0 | ((uint32_t)(uint16_t)(int16_t)v1 << 16));
+  };
+  for (int64_t rb = 0; rb < m * nb; ++rb) {
+    const int16_t* bs = bp + rb * 16;
+    int32_t* pr = pairs.data() + rb * 12;
+    int ps[8];
+    for (int s = 0; s < 8; ++s) ps[s] = bs[2 * s] + bs[2 * s + 1];
+    for (int t = 0; t < 2; ++t) {
+      pr[2 * t] = pack2(ps[4 * t], ps[4 * t + 2]);
+      pr[2 * t + 1] = pack2(ps[4 * t + 1], ps[4 * t + 3]);
+    }
+    for (int j = 0; j < 4; ++j) {
+      pr[4 + 2 * j] = pack2(bs[4 * j], bs[4 * j + 2]);
+      pr[4 + 2 * j + 1] = pack2(bs[4 * j + 1], bs[4 * j + 3]);
+    }
+  }
+  const PackedActs a{qs.data_ptr<int8_t>(), d.data_ptr<float>(), pairs.data(), k, nb};
+  const uint8_t* pp = packed.data_ptr<uint8_t>();
+  float* yp = out.data_ptr<float>();
+  const int64_t ldy = out.stride(0);
+  const int64_t stride = nb * tile_bytes;
+  parallel_tasks(tiles, [&](int64_t tile) {
+    const uint8_t* tp = pp + tile * stride;
+    float* y = yp + tile * 16;
+    // The tile this thread likely takes next (the tasks alternate between threads):
+    // fetched while this one computes, as each tile is read once per step.
+    if (tile + kPrefetchAhead < tiles)
+      for (int64_t off = 0; off < stride; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(tp + kPrefetchAhead * stride + off),
+                     _MM_HINT_T0);
+    int64_t r = 0;
+    if (q6) {  // Q6_K's unpacking is shared by 8 activation rows; Q4_K's by 4 (registers)
+      for (; r + 8 <= m; r += 8) packed_rows<8, true>(tp, tile_bytes, a, r, y, ldy);
+      for (; r + 4 <= m; r += 4) packed_rows<4, true>(tp, tile_bytes, a, r, y, ldy);
+      for (; r < m; ++r) packed_rows<1, true>(tp, tile_bytes, a, r, y, ldy);
+    } else {
+      for (; r + 4 <= m; r += 4) packed_rows<4, false>(tp, tile_bytes, a, r, y, ldy);
+      for (; r < m; ++r) packed_rows<1, false>(tp, tile_bytes, a, r, y, ldy);
+    }
+  });
+#else
+  TORCH_CHECK(false, "packed K-quant tiles need AVX512-BW and AVX512-VNNI");
+#endif
+}
 
 // x [M, K] float32 (rows contiguous) -> (qs int8 [M, K], d float32 [M, K/256],
 // bsums int16 [M, K/16]): ggml's quantize_row_q8_K_ref on each row.
@@ -498,8 +738,9 @@ _CFLAGS = ("-ffp-contract=off",)
 def kernel() -> Any | None:
     """The compiled extension, or None where it cannot be built or is turned off."""
     return load_pooled_extension(
-        "inference_engine_gguf_q8k_v8", _SOURCE,
-        ["quantize_q8k", "q8k_matmul_into", "ggml_linear_q8k"],
+        "inference_engine_gguf_q8k_v15", _SOURCE,
+        ["quantize_q8k", "q8k_matmul_into", "ggml_linear_q8k", "packed_available",
+         "q8k_packed_matmul_into"],
         description="the CPU K-quant x Q8_K kernel", extra_cflags=_CFLAGS)
 
 
@@ -566,18 +807,80 @@ def q8k_linear(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType) 
 
 
 def q8k_segments_linear(x: torch.Tensor, parts: list[tuple[torch.Tensor, GGMLQuantizationType]],
-                        out: torch.Tensor) -> bool:
-    """``out[:, cols] = Q8_K(x) @ W_i.T`` for consecutive column blocks ``parts`` (raw, type),
-    quantizing ``x [T, K]`` once. Returns False (nothing written) unless the kernel is built
-    and every part is a K-quant, ``x`` and ``out`` float32 on CPU."""
+                        out: torch.Tensor, packed: list[bool] | None = None) -> bool:
+    """``out[:, cols] = Q8_K(x) @ W_i.T`` for consecutive column blocks ``parts`` (weights,
+    type), quantizing ``x [T, K]`` once. ``packed[i]`` says part i holds
+    :func:`pack_tiles` tiles (``N / 16`` of them) rather than raw rows. Returns False
+    (nothing written) unless the kernel is built and every part is a K-quant, ``x`` and
+    ``out`` float32 on CPU."""
     ext = kernel() if x.device.type == "cpu" else None
     if (ext is None or x.dim() != 2 or x.dtype != torch.float32 or out.dtype != torch.float32
             or any(qtype not in Q8K_TYPES for _, qtype in parts)):
         return False
     qs, d, bsums = ext.quantize_q8k(x if x.stride(-1) == 1 else x.contiguous())
     col = 0
-    for raw, qtype in parts:
-        n = raw.shape[0]
-        ext.q8k_matmul_into(qs, d, bsums, raw.contiguous(), int(qtype), out[:, col : col + n])
+    for i, (weights, qtype) in enumerate(parts):
+        if packed is not None and packed[i]:
+            n = weights.shape[0] * TILE_ROWS
+            ext.q8k_packed_matmul_into(qs, d, bsums, weights, int(qtype), out[:, col : col + n])
+        else:
+            n = weights.shape[0]
+            ext.q8k_matmul_into(qs, d, bsums, weights.contiguous(), int(qtype),
+                                out[:, col : col + n])
         col += n
     return True
+
+
+# Byte fields of a block, in tile order: (first byte, end, interleaving unit in bytes).
+_TILE_FIELDS: dict[GGMLQuantizationType, tuple[tuple[int, int, int], ...]] = {
+    T.Q4_K: ((0, 2, 2), (2, 4, 2), (4, 16, 4), (16, 144, 4)),  # d, dmin, scales, quants
+    T.Q6_K: ((208, 210, 2), (192, 208, 4), (0, 128, 4), (128, 192, 4)),  # d, scales, ql, qh
+}
+TILE_ROWS = 16
+PACKED_TYPES: frozenset[GGMLQuantizationType] = frozenset(_TILE_FIELDS)
+
+
+def packing_available() -> bool:
+    """Whether the kernel for :func:`pack_tiles` tiles is built here (AVX512-BW + VNNI)."""
+    ext = kernel()
+    return ext is not None and bool(ext.packed_available())
+
+
+def pack_tiles(raw: torch.Tensor, qtype: GGMLQuantizationType) -> torch.Tensor:
+    """Raw rows ``uint8 [N, nb * type_size]`` (N a multiple of 16) -> ``[N / 16, nb * tile]``.
+
+    A tile is one block of 16 consecutive rows with each field (fp16 scales, 6-bit scale
+    bytes, quants) interleaved across the 16 rows in 2- or 4-byte units: the same bytes,
+    laid out so the kernel loads one unit of all 16 rows at once (the output lanes are
+    weight rows). :func:`unpack_tiles` is the inverse.
+    """
+    fields = _TILE_FIELDS[qtype]
+    n, row_bytes = raw.shape
+    type_size = fields[-1][1] if qtype == T.Q4_K else 210
+    if n % TILE_ROWS or row_bytes % type_size:
+        raise ValueError(f"{qtype.name} tiles need rows in multiples of {TILE_ROWS} "
+                         f"(got {n}) and whole blocks")
+    nb = row_bytes // type_size
+    blocks = raw.reshape(n // TILE_ROWS, TILE_ROWS, nb, type_size)
+    parts = []
+    for start, end, unit in fields:
+        field = blocks[..., start:end].reshape(n // TILE_ROWS, TILE_ROWS, nb, -1, unit)
+        parts.append(field.permute(0, 2, 3, 1, 4).reshape(n // TILE_ROWS, nb, -1))
+    return torch.cat(parts, dim=-1).reshape(n // TILE_ROWS, -1).contiguous()
+
+
+def unpack_tiles(packed: torch.Tensor, qtype: GGMLQuantizationType) -> torch.Tensor:
+    """The raw rows ``uint8 [N, nb * type_size]`` of :func:`pack_tiles` tiles."""
+    fields = _TILE_FIELDS[qtype]
+    type_size = 144 if qtype == T.Q4_K else 210
+    num_tiles = packed.shape[0]
+    nb = packed.shape[1] // (type_size * TILE_ROWS)
+    tiles = packed.reshape(num_tiles, nb, TILE_ROWS * type_size)
+    raw = torch.empty(num_tiles, TILE_ROWS, nb, type_size, dtype=torch.uint8)
+    offset = 0
+    for start, end, unit in fields:
+        size = (end - start) * TILE_ROWS
+        field = tiles[..., offset : offset + size].reshape(num_tiles, nb, -1, TILE_ROWS, unit)
+        raw[..., start:end] = field.permute(0, 3, 1, 2, 4).reshape(num_tiles, TILE_ROWS, nb, -1)
+        offset += size
+    return raw.reshape(num_tiles * TILE_ROWS, nb * type_size)

@@ -44,7 +44,8 @@ from inference_engine_gguf import cpu_kernels, q8k_kernels
 from inference_engine_gguf.dequant import dequantize
 from inference_engine_gguf.ggml_types import check_supported, row_bytes
 
-__all__ = ["GGMLEmbedding", "GGMLLMHead", "GGUFMethod", "Segment", "model_weight_bytes"]
+__all__ = ["GGMLEmbedding", "GGMLLMHead", "GGUFMethod", "Segment", "model_weight_bytes",
+           "raw_rows"]
 
 T = GGMLQuantizationType
 # Dense values one dequantized tile may hold (16 MiB of float32).
@@ -205,6 +206,8 @@ class GGUFMethod(QuantMethod):
             self._dense.process_weights_after_loading(layer)
             return
         if not self.dequantize_at_load:
+            layer.gguf_packed = [self._pack(layer, f"{RAW_PREFIX}_{i}", seg.qtype)
+                                 for i, seg in enumerate(segments)]
             return
         dense = torch.cat([_dense(_raw(layer, i), seg.qtype, layer.gguf_dtype)
                            for i, seg in enumerate(segments)], dim=0)
@@ -213,6 +216,16 @@ class GGUFMethod(QuantMethod):
         layer.gguf_segments = None
         layer.weight = nn.Parameter(dense, requires_grad=False)
         self._dense.process_weights_after_loading(layer)
+
+    def _pack(self, module: nn.Module, name: str, qtype: GGMLQuantizationType) -> bool:
+        """Replace buffer ``name`` by its packed tiles where the ``q8`` kernel takes them."""
+        raw = getattr(module, name)
+        if (self.activations != "q8" or qtype not in q8k_kernels.PACKED_TYPES
+                or raw.device.type != "cpu" or raw.shape[0] % q8k_kernels.TILE_ROWS
+                or not q8k_kernels.packing_available()):
+            return False
+        setattr(module, name, q8k_kernels.pack_tiles(raw, qtype))
+        return True
 
     def process_model_after_loading(self, model: nn.Module) -> None:
         """Swap the dense token embedding / LM head for raw GGML blocks from the file."""
@@ -242,8 +255,10 @@ class GGUFMethod(QuantMethod):
                                                       activations=self.activations))
         if "lm_head.weight" in swap and head is not None and not getattr(head, "is_tied", False):
             raw = file.raw(ggml_names["lm_head.weight"]).to(head.weight.device)
-            _replace(model, "lm_head", GGMLLMHead(raw, swap["lm_head.weight"], head.weight.dtype,
-                                                  activations=self.activations))
+            new_head = GGMLLMHead(raw, swap["lm_head.weight"], head.weight.dtype,
+                                  activations=self.activations)
+            new_head.packed = self._pack(new_head, RAW_PREFIX, new_head.qtype)
+            _replace(model, "lm_head", new_head)
 
     def fused_moe_method(self, prefix: str) -> Any | None:
         """Raw GGML experts for MoE layers the file stores that way, else dense (None)."""
@@ -260,6 +275,16 @@ class GGUFMethod(QuantMethod):
         segments = layer.gguf_segments
         if segments is None:
             return F.linear(x, layer.weight, bias)
+        packed = getattr(layer, "gguf_packed", None)
+        if packed is not None and any(packed):
+            y = x.new_empty(x.shape[0], layer.output_size, dtype=torch.float32)
+            parts = [(_raw(layer, i), seg.qtype) for i, seg in enumerate(segments)]
+            if not q8k_kernels.q8k_segments_linear(x.float(), parts, y, packed):
+                for i, seg in enumerate(segments):  # not reached on CPU: packing needs the kernel
+                    cols = y[:, seg.row_offset : seg.row_offset + seg.num_rows]
+                    cols.copy_(tiled_linear(x.float(), raw_rows(layer, i), seg.qtype))
+            y = y.to(x.dtype)
+            return y if bias is None else y + bias
         if len(segments) == 1:
             y = tiled_linear(x, _raw(layer, 0), segments[0].qtype, activations=self.activations)
         else:
@@ -284,6 +309,15 @@ class GGUFMethod(QuantMethod):
 
 def _raw(layer: nn.Module, i: int) -> torch.Tensor:
     return getattr(layer, f"{RAW_PREFIX}_{i}")
+
+
+def raw_rows(layer: nn.Module, i: int) -> torch.Tensor:
+    """Segment ``i``'s raw GGML rows, unpacking its tiles if they were packed."""
+    raw = _raw(layer, i)
+    packed = getattr(layer, "gguf_packed", None)
+    if packed is not None and packed[i]:
+        return q8k_kernels.unpack_tiles(raw, layer.gguf_segments[i].qtype)
+    return raw
 
 
 def _part_names(layer: nn.Module, prefix: str) -> list[str]:
@@ -355,16 +389,26 @@ class GGMLLMHead(nn.Module):
         self.dtype = dtype
         self.is_tied = is_tied
         self.activations = activations
+        # Set by GGUFMethod: the buffer holds q8k_kernels.pack_tiles tiles, not raw rows.
+        self.packed = False
         self.vocab_size = raw.shape[0]
         self.register_buffer(RAW_PREFIX, raw)
 
     @property
     def weight(self) -> torch.Tensor:
         """The whole matrix dequantized (slow; for callers that need the dense matrix)."""
-        return _dense(self.gguf_raw, self.qtype, self.dtype)
+        raw = q8k_kernels.unpack_tiles(self.gguf_raw, self.qtype) if self.packed else self.gguf_raw
+        return _dense(raw, self.qtype, self.dtype)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden [n, hidden]`` -> float32 logits ``[n, vocab]``."""
+        if self.packed:
+            logits = hidden.new_empty(hidden.shape[0], self.vocab_size, dtype=torch.float32)
+            if q8k_kernels.q8k_segments_linear(hidden.float(), [(self.gguf_raw, self.qtype)],
+                                               logits, [True]):
+                return logits
+            raw = q8k_kernels.unpack_tiles(self.gguf_raw, self.qtype)
+            return tiled_linear(hidden.float(), raw, self.qtype, activations="q8")
         return tiled_linear(hidden, self.gguf_raw, self.qtype,
                             activations=self.activations).float()
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
+from gguf import quants
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-__all__ = ["F16_FIELDS", "quantize_q8_k_numpy", "random_ggml_rows"]
+__all__ = ["F16_FIELDS", "q8k_matmul_reference", "quantize_q8_k_numpy", "random_ggml_rows"]
 
 T = GGMLQuantizationType
 
@@ -55,3 +57,18 @@ def quantize_q8_k_numpy(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             qs[r, 256 * b : 256 * (b + 1)] = np.minimum(127, v)
             d[r, b] = np.float32(1.0) / iscale
     return qs, d
+
+
+def q8k_matmul_reference(x: torch.Tensor, raw: torch.Tensor,
+                         qtype: GGMLQuantizationType) -> tuple[torch.Tensor, torch.Tensor]:
+    """llama.cpp's K-quant matmul, stated plainly: ``x [M, K]`` rounded by
+    :func:`quantize_q8_k_numpy`, times the ``gguf`` package's dequantization of ``raw``,
+    in float64 (what the integer dot products sum exactly).
+
+    Returns:
+        ``(result [M, N], |activations| @ |weights|.T)``: the second scales error bounds.
+    """
+    qs, d = quantize_q8_k_numpy(x.detach().float().numpy())
+    acts = qs.astype(np.float64) * np.repeat(d.astype(np.float64), 256, axis=1)
+    w = quants.dequantize(raw.numpy(), qtype).astype(np.float64)
+    return torch.from_numpy(acts @ w.T), torch.from_numpy(np.abs(acts) @ np.abs(w).T)
