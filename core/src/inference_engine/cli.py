@@ -106,7 +106,7 @@ def generate(
         help="Dequantize packed (FP4/FP8) weights once at load: faster on CPU, bf16 memory.")] = False,
     quant_option: Annotated[Optional[list[str]], typer.Option(
         help="KEY=VALUE setting of the quantization method, repeatable "
-             "(gguf: activations=q8|float).")] = None,
+             "(gguf: activations=q8|float, accumulate=float64).")] = None,
     device_ids: Annotated[Optional[str], typer.Option(
         help="Device index to use, e.g. 1 (CUDA_VISIBLE_DEVICES is not touched).")] = None,
     platform: Annotated[Optional[str], typer.Option(help="Force a platform by name.")] = None,
@@ -253,7 +253,7 @@ def serve(
         help="Dequantize packed (FP4/FP8) weights once at load: faster on CPU, bf16 memory.")] = False,
     quant_option: Annotated[Optional[list[str]], typer.Option(
         help="KEY=VALUE setting of the quantization method, repeatable "
-             "(gguf: activations=q8|float).")] = None,
+             "(gguf: activations=q8|float, accumulate=float64).")] = None,
     device_ids: Annotated[Optional[str], typer.Option(
         help="Comma-separated device indices to use (CUDA_VISIBLE_DEVICES is not touched).")] = None,
     platform: Annotated[Optional[str], typer.Option(help="Force a platform by name.")] = None,

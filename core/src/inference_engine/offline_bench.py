@@ -91,7 +91,7 @@ def bench_command(
         help="Registered quantization method.")] = None,
     quant_option: Annotated[Optional[list[str]], typer.Option(  # noqa: UP045
         help="KEY=VALUE setting of the quantization method, repeatable "
-             "(gguf: activations=q8|float).")] = None,
+             "(gguf: activations=q8|float, accumulate=float64).")] = None,
     device_ids: Annotated[Optional[str], typer.Option(  # noqa: UP045
         help="Device index to use, e.g. 1 (CUDA_VISIBLE_DEVICES is not touched).")] = None,
     platform: Annotated[Optional[str], typer.Option(  # noqa: UP045

@@ -169,3 +169,25 @@ def test_dequantize_at_load_gives_the_same_tokens(arch, tmp_path, tokenizer, mak
     assert qkv.weight.dtype == torch.float32 and qkv.weight.shape == (256 + 2 * 128, 256)
     if arch == "qwen3_moe":
         assert layer.mlp.experts.gate_up_proj.dtype == torch.float32
+
+
+def test_accumulate_float64_multiplies_float_tensors_in_float64(tmp_path, tokenizer,
+                                                               make_hf_model):
+    """``accumulate=float64`` (F32 file): each linear layer and the LM head give the float64
+    product of their input and the file's values, rounded once to float32."""
+    model = make_hf_model("qwen3", seed=5)
+    path = tmp_path / "model.gguf"
+    stored = export_to_gguf(model, tokenizer, path, T.F32)
+    llm = LLM(str(path), dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV,
+              quant_options={"accumulate": "float64"})
+    net = llm.engine.model
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(1)) * 3
+    with torch.inference_mode():
+        o_proj = net.model.layers[0].self_attn.o_proj
+        head = net.lm_head
+        for module, name in ((o_proj, "model.layers.0.self_attn.o_proj.weight"),
+                             (head, "lm_head.weight")):
+            ours = module.quant_method.apply(module, x) if module is o_proj else module(x)
+            expected = (x.double() @ stored[name].double().t()).float()
+            assert torch.equal(ours, expected), name
+    assert isinstance(head, GGMLLMHead) and head.accumulate == "float64"

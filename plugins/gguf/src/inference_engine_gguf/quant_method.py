@@ -17,6 +17,10 @@ The token embedding and LM head are not linear layers of the quant method;
 ``dequantize_at_load`` (opt-in) instead dequantizes everything once at load:
 more memory, plain dense matmuls.
 
+``--quant-option accumulate=float64`` (a reference mode) multiplies F32/F16/BF16
+tensors in float64 and rounds the result once, for comparing implementations whose
+float32 sums differ only in order.
+
 Activations (``--quant-option activations=...``): ``q8`` (the default on CPU) does
 llama.cpp's arithmetic for the K-quants: each activation row is rounded to Q8_K and
 multiplied in integers (:mod:`inference_engine_gguf.q8k_kernels`), so logits follow
@@ -54,6 +58,8 @@ _FLOAT_DTYPES = {T.F32: torch.float32, T.F16: torch.float16, T.BF16: torch.bfloa
 RAW_PREFIX = "gguf_raw"
 # ``activations`` values: llama.cpp's 8-bit activations for the K-quants, or float.
 ACTIVATION_MODES = ("q8", "float")
+# ``accumulate`` values: float tensors multiplied in the compute dtype, or in float64.
+ACCUMULATE_MODES = ("default", "float64")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +82,8 @@ def empty_raw(qtype: GGMLQuantizationType, shape: tuple[int, int],
 
 
 def tiled_linear(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType,
-                 out: torch.Tensor | None = None, activations: str = "float") -> torch.Tensor:
+                 out: torch.Tensor | None = None, activations: str = "float",
+                 accumulate: str = "default") -> torch.Tensor:
     """``x @ W.T`` for ``W`` = dequantize(raw), one tile of rows at a time.
 
     With ``activations="q8"``, K-quant weights on CPU take llama.cpp's route
@@ -92,6 +99,7 @@ def tiled_linear(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType
         qtype: GGML type of ``raw``.
         out: optional ``[T, N]`` destination (may be a column slice).
         activations: ``"q8"`` or ``"float"`` (see the module docstring).
+        accumulate: ``"float64"`` multiplies float-type weights in float64.
 
     Returns:
         ``[T, N]`` in ``x.dtype``.
@@ -103,6 +111,14 @@ def tiled_linear(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType
         y = cpu_kernels.ggml_linear(x, raw, qtype)
         return y if out is None else out.copy_(y)
     n, k = raw.shape[0], x.shape[-1]
+    if accumulate == "float64" and qtype in _FLOAT_DTYPES:
+        if out is None:
+            out = x.new_empty(x.shape[0], n)
+        tile_rows = max(1, TILE_VALUES // max(k, 1))
+        for start in range(0, n, tile_rows):  # one float64 tile of weights at a time
+            w = raw[start : start + tile_rows].double()
+            out[:, start : start + tile_rows] = F.linear(x.double(), w).to(out.dtype)
+        return out
     if qtype == T.F32 and x.dtype == torch.float32 and out is None:
         return F.linear(x, raw)
     tile_rows = max(1, TILE_VALUES // max(k, 1))
@@ -134,7 +150,7 @@ class GGUFMethod(QuantMethod):
     """
 
     name = "gguf"
-    option_names = frozenset({"activations"})
+    option_names = frozenset({"activations", "accumulate"})
 
     def __init__(self, checkpoint_config: dict[str, Any] | None = None, **options: Any) -> None:
         super().__init__(checkpoint_config, **options)
@@ -153,6 +169,10 @@ class GGUFMethod(QuantMethod):
         if self.activations not in ACTIVATION_MODES:
             raise ValueError(f"gguf: activations={options.get('activations')!r} is not one of "
                              f"{', '.join(ACTIVATION_MODES)} (--quant-option activations=...)")
+        self.accumulate = str(options.get("accumulate", "default")).lower()
+        if self.accumulate not in ACCUMULATE_MODES:
+            raise ValueError(f"gguf: accumulate={options.get('accumulate')!r} is not one of "
+                             f"{', '.join(ACCUMULATE_MODES)} (--quant-option accumulate=...)")
         self._dense = UnquantizedMethod()
 
     @classmethod
@@ -235,7 +255,8 @@ class GGUFMethod(QuantMethod):
         from inference_engine_gguf.gguf_file import GGUFFile
 
         ggml_names = {hf: ggml for ggml, hf in EMBEDDING_TENSORS.items()}
-        swap = {hf: qtype for hf, qtype in self.embedding_types.items() if qtype != T.F32}
+        swap = {hf: qtype for hf, qtype in self.embedding_types.items()
+                if qtype != T.F32 or (hf == "lm_head.weight" and self.accumulate == "float64")}
         if not swap:
             return
         file = GGUFFile(self.gguf_file)
@@ -252,11 +273,12 @@ class GGUFMethod(QuantMethod):
             if head is not None and getattr(head, "is_tied", False):
                 _replace(model, "lm_head", GGMLLMHead(raws[embed_name], swap[embed_name],
                                                       embed.weight.dtype, is_tied=True,
-                                                      activations=self.activations))
+                                                      activations=self.activations,
+                                                      accumulate=self.accumulate))
         if "lm_head.weight" in swap and head is not None and not getattr(head, "is_tied", False):
             raw = file.raw(ggml_names["lm_head.weight"]).to(head.weight.device)
             new_head = GGMLLMHead(raw, swap["lm_head.weight"], head.weight.dtype,
-                                  activations=self.activations)
+                                  activations=self.activations, accumulate=self.accumulate)
             new_head.packed = self._pack(new_head, RAW_PREFIX, new_head.qtype)
             _replace(model, "lm_head", new_head)
 
@@ -286,7 +308,8 @@ class GGUFMethod(QuantMethod):
             y = y.to(x.dtype)
             return y if bias is None else y + bias
         if len(segments) == 1:
-            y = tiled_linear(x, _raw(layer, 0), segments[0].qtype, activations=self.activations)
+            y = tiled_linear(x, _raw(layer, 0), segments[0].qtype, activations=self.activations,
+                             accumulate=self.accumulate)
         else:
             y = x.new_empty(x.shape[0], layer.output_size)
             parts = [(_raw(layer, i), seg.qtype) for i, seg in enumerate(segments)]
@@ -295,7 +318,7 @@ class GGUFMethod(QuantMethod):
             for i, seg in enumerate(segments):
                 cols = y[:, seg.row_offset : seg.row_offset + seg.num_rows]
                 cols.copy_(tiled_linear(x, _raw(layer, i), seg.qtype,
-                                        activations=self.activations))
+                                        activations=self.activations, accumulate=self.accumulate))
         if bias is not None:
             y = y + bias
         return y
@@ -383,12 +406,14 @@ class GGMLLMHead(nn.Module):
     """LM head over raw GGML rows (shared with the embedding when tied)."""
 
     def __init__(self, raw: torch.Tensor, qtype: GGMLQuantizationType, dtype: torch.dtype,
-                 is_tied: bool = False, activations: str = "float") -> None:
+                 is_tied: bool = False, activations: str = "float",
+                 accumulate: str = "default") -> None:
         super().__init__()
         self.qtype = qtype
         self.dtype = dtype
         self.is_tied = is_tied
         self.activations = activations
+        self.accumulate = accumulate
         # Set by GGUFMethod: the buffer holds q8k_kernels.pack_tiles tiles, not raw rows.
         self.packed = False
         self.vocab_size = raw.shape[0]
@@ -409,8 +434,8 @@ class GGMLLMHead(nn.Module):
                 return logits
             raw = q8k_kernels.unpack_tiles(self.gguf_raw, self.qtype)
             return tiled_linear(hidden.float(), raw, self.qtype, activations="q8")
-        return tiled_linear(hidden, self.gguf_raw, self.qtype,
-                            activations=self.activations).float()
+        return tiled_linear(hidden, self.gguf_raw, self.qtype, activations=self.activations,
+                            accumulate=self.accumulate).float()
 
     def extra_repr(self) -> str:
         return (f"vocab={self.vocab_size}, type={self.qtype.name}, tied={self.is_tied}, "
