@@ -431,7 +431,8 @@ constexpr int kRowsPerTask = 8;
 //                           q [32][16][4]
 //   Q6_K tile (3360 bytes): d [16] fp16 | scales [4][16][4] | ql [32][16][4] | qh [16][16][4]
 constexpr int64_t kQ4KTile = 2304, kQ6KTile = 3360;
-constexpr int64_t kPrefetchAhead = 4;  // tiles
+constexpr int64_t kPrefetchAhead = 1;  // tiles
+constexpr int64_t kTaskRuns = 8;
 
 #if defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define Q8K_PACKED 1
@@ -638,23 +639,28 @@ void q8k_packed_matmul_into(torch::Tensor qs, torch::Tensor d, torch::Tensor bsu
   float* yp = out.data_ptr<float>();
   const int64_t ldy = out.stride(0);
   const int64_t stride = nb * tile_bytes;
-  parallel_tasks(tiles, [&](int64_t tile) {
-    const uint8_t* tp = pp + tile * stride;
-    float* y = yp + tile * 16;
-    // The tile this thread likely takes next (the tasks alternate between threads):
-    // fetched while this one computes, as each tile is read once per step.
-    if (tile + kPrefetchAhead < tiles)
-      for (int64_t off = 0; off < stride; off += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(tp + kPrefetchAhead * stride + off),
-                     _MM_HINT_T0);
-    int64_t r = 0;
-    if (q6) {  // Q6_K's unpacking is shared by 8 activation rows; Q4_K's by 4 (registers)
-      for (; r + 8 <= m; r += 8) packed_rows<8, true>(tp, tile_bytes, a, r, y, ldy);
-      for (; r + 4 <= m; r += 4) packed_rows<4, true>(tp, tile_bytes, a, r, y, ldy);
-      for (; r < m; ++r) packed_rows<1, true>(tp, tile_bytes, a, r, y, ldy);
-    } else {
-      for (; r + 4 <= m; r += 4) packed_rows<4, false>(tp, tile_bytes, a, r, y, ldy);
-      for (; r < m; ++r) packed_rows<1, false>(tp, tile_bytes, a, r, y, ldy);
+  // Tasks are runs of consecutive tiles, so each thread streams through memory in order
+  // (and prefetches the tile after next of its own run); kTaskRuns of them balance a
+  // thread that starts late.
+  const int64_t run = std::max<int64_t>(1, (tiles + kTaskRuns - 1) / kTaskRuns);
+  parallel_tasks((tiles + run - 1) / run, [&](int64_t task) {
+    const int64_t first = task * run, last = std::min(tiles, first + run);
+    for (int64_t tile = first; tile < last; ++tile) {
+      const uint8_t* tp = pp + tile * stride;
+      float* y = yp + tile * 16;
+      if (tile + kPrefetchAhead < last)
+        for (int64_t off = 0; off < stride; off += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(tp + kPrefetchAhead * stride + off),
+                       _MM_HINT_T0);
+      int64_t r = 0;
+      if (q6) {  // Q6_K's unpacking is shared by 8 activation rows; Q4_K's by 4 (registers)
+        for (; r + 8 <= m; r += 8) packed_rows<8, true>(tp, tile_bytes, a, r, y, ldy);
+        for (; r + 4 <= m; r += 4) packed_rows<4, true>(tp, tile_bytes, a, r, y, ldy);
+        for (; r < m; ++r) packed_rows<1, true>(tp, tile_bytes, a, r, y, ldy);
+      } else {
+        for (; r + 4 <= m; r += 4) packed_rows<4, false>(tp, tile_bytes, a, r, y, ldy);
+        for (; r < m; ++r) packed_rows<1, false>(tp, tile_bytes, a, r, y, ldy);
+      }
     }
   });
 #else
@@ -738,7 +744,7 @@ _CFLAGS = ("-ffp-contract=off",)
 def kernel() -> Any | None:
     """The compiled extension, or None where it cannot be built or is turned off."""
     return load_pooled_extension(
-        "inference_engine_gguf_q8k_v15", _SOURCE,
+        "inference_engine_gguf_q8k_v17", _SOURCE,
         ["quantize_q8k", "q8k_matmul_into", "ggml_linear_q8k", "packed_available",
          "q8k_packed_matmul_into"],
         description="the CPU K-quant x Q8_K kernel", extra_cflags=_CFLAGS)
