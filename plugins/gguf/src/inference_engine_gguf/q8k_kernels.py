@@ -68,6 +68,41 @@ inline int nearest_int(float v) {
 // ggml's quantize_row_q8_K_ref for one row of k values (k % 256 == 0).
 void quantize_row_q8k(const float* x, int64_t k, int8_t* qs, float* d, int16_t* bsums) {
   for (int64_t b = 0; b < k / 256; ++b, x += 256, qs += 256, bsums += 16) {
+#if defined(__AVX512F__)
+    // The same values as the loops below: the largest magnitude, the first value that
+    // has it, then one multiply and ggml's mantissa rounding per value.
+    const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    __m512 vmax = _mm512_setzero_ps();
+    for (int j = 0; j < 256; j += 16)
+      vmax = _mm512_max_ps(vmax, _mm512_and_ps(_mm512_loadu_ps(x + j), abs_mask));
+    const float amax = _mm512_reduce_max_ps(vmax);
+    if (!(amax > 0.f)) {
+      d[b] = 0.f;
+      std::memset(qs, 0, 256);
+      std::memset(bsums, 0, 32);
+      continue;
+    }
+    int first = 0;
+    for (int j = 0; j < 256; j += 16) {
+      const __mmask16 hit = _mm512_cmp_ps_mask(
+          _mm512_and_ps(_mm512_loadu_ps(x + j), abs_mask), _mm512_set1_ps(amax), _CMP_EQ_OQ);
+      if (hit) {
+        first = j + __builtin_ctz(hit);
+        break;
+      }
+    }
+    const float iscale = -127.f / x[first];
+    const __m512 scale = _mm512_set1_ps(iscale), magic = _mm512_set1_ps(12582912.f);
+    const __m512i mantissa = _mm512_set1_epi32(0x007fffff), bias = _mm512_set1_epi32(0x00400000);
+    for (int g = 0; g < 16; ++g) {
+      const __m512 t = _mm512_add_ps(_mm512_mul_ps(scale, _mm512_loadu_ps(x + 16 * g)), magic);
+      __m512i v = _mm512_sub_epi32(_mm512_and_si512(_mm512_castps_si512(t), mantissa), bias);
+      v = _mm512_min_epi32(v, _mm512_set1_epi32(127));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + 16 * g), _mm512_cvtsepi32_epi8(v));
+      bsums[g] = (int16_t)_mm512_reduce_add_epi32(v);
+    }
+    d[b] = 1.f / iscale;
+#else
     float max = 0.f, amax = 0.f;
     for (int j = 0; j < 256; ++j) {
       const float ax = std::fabs(x[j]);
@@ -90,6 +125,7 @@ void quantize_row_q8k(const float* x, int64_t k, int8_t* qs, float* d, int16_t* 
       bsums[g] = (int16_t)sum;
     }
     d[b] = 1.f / iscale;
+#endif
   }
 }
 
@@ -744,7 +780,7 @@ _CFLAGS = ("-ffp-contract=off",)
 def kernel() -> Any | None:
     """The compiled extension, or None where it cannot be built or is turned off."""
     return load_pooled_extension(
-        "inference_engine_gguf_q8k_v17", _SOURCE,
+        "inference_engine_gguf_q8k_v18", _SOURCE,
         ["quantize_q8k", "q8k_matmul_into", "ggml_linear_q8k", "packed_available",
          "q8k_packed_matmul_into"],
         description="the CPU K-quant x Q8_K kernel", extra_cflags=_CFLAGS)
