@@ -19,6 +19,7 @@ fallback where it cannot be built.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,9 +29,9 @@ from inference_engine.cpu_thread_pool import load_pooled_extension
 from inference_engine_gguf.cpu_kernels import GGML_HELPERS_CPP
 from inference_engine_gguf.dequant import dequantize
 
-__all__ = ["PACKED_TYPES", "Q8K_TYPES", "TILE_ROWS", "kernel", "pack_tiles", "packing_available",
-           "q8k_linear", "q8k_linear_reference", "q8k_segments_linear", "quantize_q8_k",
-           "unpack_tiles"]
+__all__ = ["PACKED_TYPES", "Q8K_TYPES", "TILE_ROWS", "Q8Parts", "kernel", "pack_tiles",
+           "packing_available", "q8k_linear", "q8k_linear_reference", "q8k_parts_linear",
+           "q8k_segments_linear", "quantize_q8_k", "unpack_tiles"]
 
 T = GGMLQuantizationType
 
@@ -762,6 +763,23 @@ void q8k_matmul_into(torch::Tensor qs, torch::Tensor d, torch::Tensor bsums, tor
   });
 }
 
+// out [M, sum of parts' N] = Q8_K(x) . each part (raw rows, or packed tiles where
+// packed[i]) into consecutive columns: one call per layer, x quantized once.
+void q8k_parts_into(torch::Tensor x, std::vector<torch::Tensor> weights,
+                    std::vector<int64_t> qtypes, std::vector<bool> packed, torch::Tensor out) {
+  TORCH_CHECK(weights.size() == qtypes.size() && weights.size() == packed.size());
+  auto q = quantize_q8k(x);
+  int64_t col = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const int64_t n = packed[i] ? weights[i].size(0) * 16 : weights[i].size(0);
+    auto cols = weights.size() == 1 ? out : out.narrow(1, col, n);
+    if (packed[i]) q8k_packed_matmul_into(q[0], q[1], q[2], weights[i], qtypes[i], cols);
+    else q8k_matmul_into(q[0], q[1], q[2], weights[i], qtypes[i], cols);
+    col += n;
+  }
+  TORCH_CHECK(col == out.size(1), "the parts' rows do not add up to out's columns");
+}
+
 // y [M, N] float32 = Q8_K(x) . raw: quantize_q8k then q8k_matmul_into.
 torch::Tensor ggml_linear_q8k(torch::Tensor x, torch::Tensor raw, int64_t qtype) {
   auto q = quantize_q8k(x);
@@ -780,9 +798,9 @@ _CFLAGS = ("-ffp-contract=off",)
 def kernel() -> Any | None:
     """The compiled extension, or None where it cannot be built or is turned off."""
     return load_pooled_extension(
-        "inference_engine_gguf_q8k_v18", _SOURCE,
+        "inference_engine_gguf_q8k_v19", _SOURCE,
         ["quantize_q8k", "q8k_matmul_into", "ggml_linear_q8k", "packed_available",
-         "q8k_packed_matmul_into"],
+         "q8k_packed_matmul_into", "q8k_parts_into"],
         description="the CPU K-quant x Q8_K kernel", extra_cflags=_CFLAGS)
 
 
@@ -871,6 +889,29 @@ def q8k_segments_linear(x: torch.Tensor, parts: list[tuple[torch.Tensor, GGMLQua
                                 out[:, col : col + n])
         col += n
     return True
+
+
+@dataclass(frozen=True, slots=True)
+class Q8Parts:
+    """A layer's K-quant parts, ready for :func:`q8k_parts_linear` (built once at load)."""
+
+    weights: list[torch.Tensor]  # raw rows, or pack_tiles tiles where packed[i]
+    qtypes: list[int]
+    packed: list[bool]
+
+
+def q8k_parts_linear(x: torch.Tensor, parts: Q8Parts, out: torch.Tensor) -> None:
+    """``out = Q8_K(x) @ [W_0; W_1; ...].T`` for float32 ``x [T, K]`` on CPU, in one kernel
+    call (the decode path of a layer whose every part is a K-quant).
+
+    Raises:
+        RuntimeError: if the kernel is unavailable (the caller built ``parts`` with it).
+    """
+    ext = kernel()
+    if ext is None:
+        raise RuntimeError("the CPU K-quant x Q8_K kernel is not available")
+    ext.q8k_parts_into(x if x.stride(-1) == 1 else x.contiguous(), parts.weights, parts.qtypes,
+                       parts.packed, out)
 
 
 # Byte fields of a block, in tile order: (first byte, end, interleaving unit in bytes).

@@ -228,6 +228,7 @@ class GGUFMethod(QuantMethod):
         if not self.dequantize_at_load:
             layer.gguf_packed = [self._pack(layer, f"{RAW_PREFIX}_{i}", seg.qtype)
                                  for i, seg in enumerate(segments)]
+            layer.gguf_q8_parts = self._q8_parts(layer)
             return
         dense = torch.cat([_dense(_raw(layer, i), seg.qtype, layer.gguf_dtype)
                            for i, seg in enumerate(segments)], dim=0)
@@ -246,6 +247,16 @@ class GGUFMethod(QuantMethod):
             return False
         setattr(module, name, q8k_kernels.pack_tiles(raw, qtype))
         return True
+
+    def _q8_parts(self, layer: nn.Module) -> q8k_kernels.Q8Parts | None:
+        """The one-call q8 form of a layer whose every part is a K-quant on CPU, else None."""
+        segments = layer.gguf_segments
+        if (self.activations != "q8" or _raw(layer, 0).device.type != "cpu"
+                or any(seg.qtype not in q8k_kernels.Q8K_TYPES for seg in segments)
+                or q8k_kernels.kernel() is None):
+            return None
+        return q8k_kernels.Q8Parts([_raw(layer, i) for i in range(len(segments))],
+                                   [int(seg.qtype) for seg in segments], list(layer.gguf_packed))
 
     def process_model_after_loading(self, model: nn.Module) -> None:
         """Swap the dense token embedding / LM head for raw GGML blocks from the file."""
@@ -280,6 +291,10 @@ class GGUFMethod(QuantMethod):
             new_head = GGMLLMHead(raw, swap["lm_head.weight"], head.weight.dtype,
                                   activations=self.activations, accumulate=self.accumulate)
             new_head.packed = self._pack(new_head, RAW_PREFIX, new_head.qtype)
+            if (self.activations == "q8" and new_head.qtype in q8k_kernels.Q8K_TYPES
+                    and raw.device.type == "cpu" and q8k_kernels.kernel() is not None):
+                new_head.q8_parts = q8k_kernels.Q8Parts(
+                    [new_head.gguf_raw], [int(new_head.qtype)], [new_head.packed])
             _replace(model, "lm_head", new_head)
 
     def fused_moe_method(self, prefix: str) -> Any | None:
@@ -297,6 +312,11 @@ class GGUFMethod(QuantMethod):
         segments = layer.gguf_segments
         if segments is None:
             return F.linear(x, layer.weight, bias)
+        q8_parts = getattr(layer, "gguf_q8_parts", None)
+        if q8_parts is not None and x.dtype == torch.float32 and x.dim() == 2:
+            y = x.new_empty(x.shape[0], layer.output_size)
+            q8k_kernels.q8k_parts_linear(x, q8_parts, y)
+            return y if bias is None else y + bias
         packed = getattr(layer, "gguf_packed", None)
         if packed is not None and any(packed):
             y = x.new_empty(x.shape[0], layer.output_size, dtype=torch.float32)
@@ -414,8 +434,10 @@ class GGMLLMHead(nn.Module):
         self.is_tied = is_tied
         self.activations = activations
         self.accumulate = accumulate
-        # Set by GGUFMethod: the buffer holds q8k_kernels.pack_tiles tiles, not raw rows.
+        # Set by GGUFMethod: the buffer holds q8k_kernels.pack_tiles tiles, not raw rows;
+        # and the one-call q8 form of the head, where it applies.
         self.packed = False
+        self.q8_parts: q8k_kernels.Q8Parts | None = None
         self.vocab_size = raw.shape[0]
         self.register_buffer(RAW_PREFIX, raw)
 
@@ -427,6 +449,10 @@ class GGMLLMHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden [n, hidden]`` -> float32 logits ``[n, vocab]``."""
+        if self.q8_parts is not None and hidden.dtype == torch.float32 and hidden.dim() == 2:
+            logits = hidden.new_empty(hidden.shape[0], self.vocab_size)
+            q8k_kernels.q8k_parts_linear(hidden, self.q8_parts, logits)
+            return logits
         if self.packed:
             logits = hidden.new_empty(hidden.shape[0], self.vocab_size, dtype=torch.float32)
             if q8k_kernels.q8k_segments_linear(hidden.float(), [(self.gguf_raw, self.qtype)],
