@@ -99,7 +99,7 @@ def test_greedy_tokens_match_transformers(case, tmp_path, tokenizer, make_hf_mod
         assert_greedy_matches(model, ids, a, b)
 
 
-Q8_CASES = ["qwen3-Q4_K_M", "qwen3-mixed", "qwen3-Q4_K-tied", "llama-Q4_K_M"]
+Q8_CASES = ["qwen3-Q4_K_M", "qwen3-mixed", "qwen3-Q4_K-tied", "llama-Q4_K_M", "qwen3moe-Q4_K_M"]
 
 
 @pytest.mark.parametrize("case", Q8_CASES)
