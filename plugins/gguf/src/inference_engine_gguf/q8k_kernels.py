@@ -167,17 +167,22 @@ inline void expand_lanes(Prepared* p) {
 #endif
 }
 
-void prep_q4_k(const uint8_t* b, Prepared* p) {
+// Q4_K / Q5_K: fp16 d and dmin, then 8 six-bit scales and mins, each for 32 values.
+void k4_scales(const uint8_t* b, Prepared* p) {
   p->d = f16(b);
   p->dm = f16(b + 2);
+  for (int s = 0; s < 8; ++s) {
+    uint8_t sc, m;
+    scale_min_k4(s, b + 4, &sc, &m);
+    p->scale[2 * s] = p->scale[2 * s + 1] = sc;
+    p->offset[2 * s] = p->offset[2 * s + 1] = m;
+  }
+}
+
+void prep_q4_k(const uint8_t* b, Prepared* p) {
+  k4_scales(b, p);
   const uint8_t* q = b + 16;
   for (int j = 0; j < 4; ++j, q += 32) {
-    for (int half = 0; half < 2; ++half) {
-      uint8_t sc, m;
-      scale_min_k4(2 * j + half, b + 4, &sc, &m);
-      p->scale[4 * j + 2 * half] = p->scale[4 * j + 2 * half + 1] = sc;
-      p->offset[4 * j + 2 * half] = p->offset[4 * j + 2 * half + 1] = m;
-    }
     for (int l = 0; l < 32; ++l) {
       p->w[64 * j + l] = q[l] & 0xF;
       p->w[64 * j + 32 + l] = q[l] >> 4;
@@ -187,17 +192,10 @@ void prep_q4_k(const uint8_t* b, Prepared* p) {
 }
 
 void prep_q5_k(const uint8_t* b, Prepared* p) {
-  p->d = f16(b);
-  p->dm = f16(b + 2);
+  k4_scales(b, p);
   const uint8_t* qh = b + 16;
   const uint8_t* ql = b + 48;
   for (int j = 0; j < 4; ++j, ql += 32) {
-    for (int half = 0; half < 2; ++half) {
-      uint8_t sc, m;
-      scale_min_k4(2 * j + half, b + 4, &sc, &m);
-      p->scale[4 * j + 2 * half] = p->scale[4 * j + 2 * half + 1] = sc;
-      p->offset[4 * j + 2 * half] = p->offset[4 * j + 2 * half + 1] = m;
-    }
     const uint8_t u1 = (uint8_t)(1 << (2 * j)), u2 = (uint8_t)(2 << (2 * j));
     for (int l = 0; l < 32; ++l) {
       p->w[64 * j + l] = (ql[l] & 0xF) + ((qh[l] & u1) ? 16 : 0);
@@ -798,7 +796,7 @@ _CFLAGS = ("-ffp-contract=off",)
 def kernel() -> Any | None:
     """The compiled extension, or None where it cannot be built or is turned off."""
     return load_pooled_extension(
-        "inference_engine_gguf_q8k_v19", _SOURCE,
+        "inference_engine_gguf_q8k_v20", _SOURCE,
         ["quantize_q8k", "q8k_matmul_into", "ggml_linear_q8k", "packed_available",
          "q8k_packed_matmul_into", "q8k_parts_into"],
         description="the CPU K-quant x Q8_K kernel", extra_cflags=_CFLAGS)
