@@ -52,11 +52,16 @@ MIX_A = mixed({
 })
 MIX_B = mixed({"self_attn.q_proj": T.Q4_1, "self_attn.k_proj": T.Q5_0, "mlp": T.Q8_0,
                "embed_tokens": T.Q4_0})
+# Tiled (Q4_K, Q6_K) parts beside other K-quants and legacy types in one fused layer.
+MIX_C = mixed({"self_attn.q_proj": T.Q4_K, "self_attn.k_proj": T.Q8_0,
+               "self_attn.v_proj": T.Q6_K, "self_attn.o_proj": T.Q5_K, "mlp.gate_proj": T.Q6_K,
+               "mlp.up_proj": T.Q5_0, "mlp.down_proj": T.Q4_K, "lm_head": T.Q4_K})
 
 CASES = {
     "qwen3-F16": ("qwen3", T.F16, {}),
     "qwen3-Q4_K_M": ("qwen3", q4_k_m, {}),
     "qwen3-mixed": ("qwen3", MIX_A, {}),
+    "qwen3-mixed-tiles": ("qwen3", MIX_C, {}),
     "qwen3-Q4_K-tied": ("qwen3", T.Q4_K, {"tie_word_embeddings": True}),
     "llama-Q4_K_M": ("llama", q4_k_m, {}),
     "llama-mixed": ("llama", MIX_B, {"rope_theta": 50000.0}),
@@ -99,7 +104,8 @@ def test_greedy_tokens_match_transformers(case, tmp_path, tokenizer, make_hf_mod
         assert_greedy_matches(model, ids, a, b)
 
 
-Q8_CASES = ["qwen3-Q4_K_M", "qwen3-mixed", "qwen3-Q4_K-tied", "llama-Q4_K_M", "qwen3moe-Q4_K_M"]
+Q8_CASES = ["qwen3-Q4_K_M", "qwen3-mixed", "qwen3-mixed-tiles", "qwen3-Q4_K-tied", "llama-Q4_K_M",
+            "qwen3moe-Q4_K_M"]
 
 
 @pytest.mark.parametrize("case", Q8_CASES)

@@ -313,35 +313,39 @@ class GGUFMethod(QuantMethod):
         if segments is None:
             return F.linear(x, layer.weight, bias)
         q8_parts = getattr(layer, "gguf_q8_parts", None)
-        if q8_parts is not None and x.dtype == torch.float32 and x.dim() == 2:
-            y = x.new_empty(x.shape[0], layer.output_size)
-            q8k_kernels.q8k_parts_linear(x, q8_parts, y)
-            return y if bias is None else y + bias
-        packed = getattr(layer, "gguf_packed", None)
-        if packed is not None and any(packed):
-            y = x.new_empty(x.shape[0], layer.output_size, dtype=torch.float32)
-            parts = [(_raw(layer, i), seg.qtype) for i, seg in enumerate(segments)]
-            if not q8k_kernels.q8k_segments_linear(x.float(), parts, y, packed):
-                for i, seg in enumerate(segments):  # not reached on CPU: packing needs the kernel
-                    cols = y[:, seg.row_offset : seg.row_offset + seg.num_rows]
-                    cols.copy_(tiled_linear(x.float(), raw_rows(layer, i), seg.qtype))
+        if q8_parts is not None:  # every part a K-quant, q8 on CPU: one kernel call
+            xf = x.float()
+            y = xf.new_empty(xf.shape[0], layer.output_size)
+            q8k_kernels.q8k_parts_linear(xf, q8_parts, y)
             y = y.to(x.dtype)
-            return y if bias is None else y + bias
-        if len(segments) == 1:
-            y = tiled_linear(x, _raw(layer, 0), segments[0].qtype, activations=self.activations,
-                             accumulate=self.accumulate)
         else:
-            y = x.new_empty(x.shape[0], layer.output_size)
-            parts = [(_raw(layer, i), seg.qtype) for i, seg in enumerate(segments)]
-            if self.activations == "q8" and q8k_kernels.q8k_segments_linear(x, parts, y):
-                return y if bias is None else y + bias
-            for i, seg in enumerate(segments):
-                cols = y[:, seg.row_offset : seg.row_offset + seg.num_rows]
-                cols.copy_(tiled_linear(x, _raw(layer, i), seg.qtype,
-                                        activations=self.activations, accumulate=self.accumulate))
+            packed = getattr(layer, "gguf_packed", None) or [False] * len(segments)
+            if len(segments) == 1 and not packed[0]:
+                y = tiled_linear(x, _raw(layer, 0), segments[0].qtype,
+                                 activations=self.activations, accumulate=self.accumulate)
+            else:
+                y = x.new_empty(x.shape[0], layer.output_size)
+                for i, seg in enumerate(segments):
+                    cols = y[:, seg.row_offset : seg.row_offset + seg.num_rows]
+                    self._segment_into(layer, i, packed[i], x, cols)
         if bias is not None:
             y = y + bias
         return y
+
+    def _segment_into(self, layer: nn.Module, i: int, packed: bool, x: torch.Tensor,
+                      cols: torch.Tensor) -> None:
+        """``cols = x @ W_i.T`` for segment ``i`` of a layer whose parts take different paths."""
+        seg = layer.gguf_segments[i]
+        if not packed:
+            cols.copy_(tiled_linear(x, _raw(layer, i), seg.qtype, activations=self.activations,
+                                    accumulate=self.accumulate))
+            return
+        # Packed tiles exist only where the q8 kernel was built (GGUFMethod._pack).
+        out = cols if cols.dtype == torch.float32 else cols.new_empty(cols.shape,
+                                                                     dtype=torch.float32)
+        q8k_kernels.q8k_segments_linear(x.float(), [(_raw(layer, i), seg.qtype)], out, [True])
+        if out is not cols:
+            cols.copy_(out)
 
     def weight_memory_bytes(self, layer: nn.Module) -> int:
         """Bytes of the stored blocks (or dense weight) plus the bias."""
@@ -449,23 +453,16 @@ class GGMLLMHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden [n, hidden]`` -> float32 logits ``[n, vocab]``."""
-        if self.q8_parts is not None and hidden.dtype == torch.float32 and hidden.dim() == 2:
-            logits = hidden.new_empty(hidden.shape[0], self.vocab_size)
-            q8k_kernels.q8k_parts_linear(hidden, self.q8_parts, logits)
-            return logits
-        if self.packed:
+        if self.q8_parts is not None:  # q8 on CPU (always so when the rows are packed)
             logits = hidden.new_empty(hidden.shape[0], self.vocab_size, dtype=torch.float32)
-            if q8k_kernels.q8k_segments_linear(hidden.float(), [(self.gguf_raw, self.qtype)],
-                                               logits, [True]):
-                return logits
-            raw = q8k_kernels.unpack_tiles(self.gguf_raw, self.qtype)
-            return tiled_linear(hidden.float(), raw, self.qtype, activations="q8")
+            q8k_kernels.q8k_parts_linear(hidden.float(), self.q8_parts, logits)
+            return logits
         return tiled_linear(hidden, self.gguf_raw, self.qtype, activations=self.activations,
                             accumulate=self.accumulate).float()
 
     def extra_repr(self) -> str:
         return (f"vocab={self.vocab_size}, type={self.qtype.name}, tied={self.is_tied}, "
-                f"activations={self.activations}")
+                f"activations={self.activations}, packed={self.packed}")
 
 
 def _replace(model: nn.Module, dotted: str, module: nn.Module) -> None:
