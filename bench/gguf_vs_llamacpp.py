@@ -49,7 +49,8 @@ RUNNER = Path(__file__).with_name("_llamacpp_runner.py")
 VOCAB = 8192
 
 
-def build_model(layers: int) -> transformers.PreTrainedModel:
+def build_model(layers: int, std: float = 0.05) -> transformers.PreTrainedModel:
+    """The bench model; matrices drawn from N(0, std), or transformers' own init for std 0."""
     tokenizer = train_tiny_tokenizer()
     config = transformers.Qwen3Config(
         vocab_size=VOCAB, hidden_size=512, intermediate_size=1536, num_hidden_layers=layers,
@@ -59,10 +60,11 @@ def build_model(layers: int) -> transformers.PreTrainedModel:
     )
     torch.manual_seed(0)
     model = transformers.Qwen3ForCausalLM(config).float().eval()
-    with torch.no_grad():  # a wider spread than the default init: decisive next-token choices
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.05)
+    if std > 0:
+        with torch.no_grad():  # a wider spread than the default init: decisive next tokens
+            for p in model.parameters():
+                if p.dim() == 2:
+                    p.normal_(0.0, std)
     return model, tokenizer
 
 
@@ -187,6 +189,10 @@ def main() -> None:
                         help="interpreter with llama-cpp-python installed")
     parser.add_argument("--dtype", default="float32", help="our compute dtype")
     parser.add_argument("--json", default=None, help="also write the figures here")
+    parser.add_argument("--init-std", type=float, default=0.05,
+                        help="std of the random matrices; 0: transformers' default init")
+    parser.add_argument("--logits-only", action="store_true",
+                        help="measure the logit comparisons, skip the speed runs")
     args = parser.parse_args()
     torch.set_flush_denormal(True)
     python = find_llamacpp_python(args.llamacpp_python)
@@ -198,7 +204,7 @@ def main() -> None:
     results: dict[str, float | str] = {}
     with tempfile.TemporaryDirectory() as work:
         print("building and exporting the model ...", flush=True)
-        hf, tokenizer = build_model(args.layers)
+        hf, tokenizer = build_model(args.layers, args.init_std)
         f32 = os.path.join(work, "model-f32.gguf")
         export_to_gguf(hf, tokenizer, f32, T.F32, extra_control_tokens=VOCAB - len(tokenizer))
         q4 = os.path.join(work, "model-q4_k_m.gguf")
@@ -249,12 +255,15 @@ def main() -> None:
                 ours_float = our_logprobs(exact, text)
                 results["Q4_K_M (activations=float) max |logprob ours - transformers on its "
                         "values|"] = float(np.abs(ours_float - hf_q4_logprobs).max())
-                results[f"ours {args.concurrency}-concurrent tok/s (Q4_K_M, activations=float)"] = (
-                    median(lambda llm=exact: ours_concurrent(llm, prompts, args.new_tokens),
-                           args.repeats, f"ours {args.concurrency}-concurrent, activations=float"))
+                if not args.logits_only:
+                    results[f"ours {args.concurrency}-concurrent tok/s (Q4_K_M, "
+                            "activations=float)"] = median(
+                        lambda llm=exact: ours_concurrent(llm, prompts, args.new_tokens),
+                        args.repeats, f"ours {args.concurrency}-concurrent, activations=float")
                 del exact
                 results["ours Q4_K_M weight bytes / bf16"] = round(
                     model_weight_bytes(llm.engine.model) / bf16_bytes, 3)
+            if label == "Q4_K_M" and not args.logits_only:
                 results["ours batch-1 decode tok/s (Q4_K_M)"] = median(
                     lambda llm=llm: ours_decode(llm, prompts[0], args.new_tokens), args.repeats,
                     "ours batch-1 decode")
@@ -297,7 +306,7 @@ def main() -> None:
                 ref = log_softmax(np.load(npy))
                 results["Q4_K_M values as F32: max |logprob ours(Q4_K_M, activations=float) - "
                         "llama.cpp|"] = float(np.abs(ours_float - ref).max())
-        if python is not None:
+        if python is not None and not args.logits_only:
             ours_total = results[f"ours {args.concurrency}-concurrent tok/s (Q4_K_M)"]
             job = {"op": "decode", "model": q4, "prompt": prompts[0], "new_tokens": args.new_tokens}
             policy = os.environ.get("OMP_WAIT_POLICY", "unset")
