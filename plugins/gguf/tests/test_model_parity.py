@@ -52,7 +52,7 @@ MIX_A = mixed({
 })
 MIX_B = mixed({"self_attn.q_proj": T.Q4_1, "self_attn.k_proj": T.Q5_0, "mlp": T.Q8_0,
                "embed_tokens": T.Q4_0})
-# Tiled (Q4_K, Q6_K) parts beside other K-quants and legacy types in one fused layer.
+# Tiled (Q4_K, Q5_K, Q6_K) parts beside other K-quants and legacy types in one fused layer.
 MIX_C = mixed({"self_attn.q_proj": T.Q4_K, "self_attn.k_proj": T.Q8_0,
                "self_attn.v_proj": T.Q6_K, "self_attn.o_proj": T.Q5_K, "mlp.gate_proj": T.Q6_K,
                "mlp.up_proj": T.Q5_0, "mlp.down_proj": T.Q4_K, "lm_head": T.Q4_K})
@@ -152,7 +152,7 @@ def test_q8_layers_compute_llamacpp_arithmetic_in_the_engine(case, tmp_path, tok
             assert (ours - exact).abs().max() > 1e3 * (ours - ref).abs().max()
             checked += 1
     assert checked >= 8  # every layer of the prefill and the decode steps
-    # Q4_K and Q6_K rows are held as tiles, except a tied head's (the embedding's rows).
+    # Q4_K, Q5_K and Q6_K rows are held as tiles, except a tied head's (the embedding's rows).
     packed = [getattr(m, "gguf_packed", [getattr(m, "packed", False)]) for m in layers
               if not getattr(m, "is_tied", False)]
     if q8k_kernels.packing_available() and qtype in (q4_k_m, T.Q4_K):

@@ -5,10 +5,17 @@ is first rounded to Q8_K (per 256 values one float scale ``d = max/-127``-style,
 values, and the sums of each 16 of them), and ``vec_dot_qN_K_q8_K`` then multiplies
 the integer quants exactly in integers, applying the weight's sub-block scales and
 mins in integers and the two float scales once per 256-value block. This module does
-the same arithmetic in a C++ kernel (AVX512-BW + VNNI: ``vpmaddubsw`` then
-``vpdpwssd`` per 64 values; scalar loops elsewhere), so that our logits on a K-quant
-GGUF equal llama.cpp's up to float summation order, and a decode step costs a
-fraction of the float path's dequantize-and-FMA.
+the same arithmetic in C++, so that our logits on a K-quant GGUF equal llama.cpp's up to
+float summation order, and a decode step costs a fraction of the float path's
+dequantize-and-FMA:
+
+* Q4_K, Q5_K and Q6_K rows are permuted once at load into tiles of 16 rows
+  (:func:`pack_tiles`, the same bytes) for a kernel whose output lanes are the 16 weight
+  rows: ``vpdpbusd`` multiplies 4 quants of each row by 4 activations broadcast to all
+  lanes (AVX512-BW + VNNI);
+* every K-quant can also run from its raw rows: each call unpacks 8 rows at a time into
+  bytes and lane scales, then ``vpmaddubsw`` + ``vpdpwssd`` per 64 values (scalar
+  loops without AVX512-BW).
 
 :func:`quantize_q8_k` and :func:`q8k_linear_reference` are the plain torch statement of
 that arithmetic (ggml's ``quantize_row_q8_K_ref`` and the K-quant dot products
@@ -23,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from gguf.constants import GGMLQuantizationType
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from inference_engine.cpu_thread_pool import load_pooled_extension
 
 from inference_engine_gguf.cpu_kernels import GGML_HELPERS_CPP
@@ -464,8 +471,10 @@ constexpr int kRowsPerTask = 8;
 // horizontal sums.
 //   Q4_K tile (2304 bytes): d [16] fp16 | dmin [16] fp16 | scale bytes [3][16][4] |
 //                           q [32][16][4]
+//   Q5_K tile (2816 bytes): as Q4_K, with qh [8][16][4] before the quants
 //   Q6_K tile (3360 bytes): d [16] fp16 | scales [4][16][4] | ql [32][16][4] | qh [16][16][4]
-constexpr int64_t kQ4KTile = 2304, kQ6KTile = 3360;
+constexpr int64_t kQ4KTile = 2304, kQ5KTile = 2816, kQ6KTile = 3360;
+enum class Tile { Q4K, Q5K, Q6K };
 constexpr int64_t kPrefetchAhead = 1;  // tiles
 constexpr int64_t kTaskRuns = 8;
 
@@ -490,7 +499,8 @@ struct PackedActs {
 };
 
 // acc[i] += the tile's block b for activation rows r0..r0+R.
-template <int R>
+// Q4_K, and Q5_K (Q5 = true: a fifth bit per value from qh, bit 2c / 2c + 1 of chunk c).
+template <int R, bool Q5>
 void q4k_tile_block(const uint8_t* t, const PackedActs& a, int64_t r0, int64_t b, __m512* acc) {
   const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
   const __m512 dmin = _mm512_cvtph_ps(
@@ -507,7 +517,9 @@ void q4k_tile_block(const uint8_t* t, const PackedActs& a, int64_t r0, int64_t b
       _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(x2, 4), low4),
                       _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(x1, 6), low2), 4))};
   const __m512i byte = _mm512_set1_epi32(0xFF), nib = _mm512_set1_epi8(0x0F);
-  const uint8_t* q = t + 256;
+  const uint8_t* q = t + (Q5 ? 768 : 256);
+  const uint8_t* qh = t + 256;
+  const __m512i one = _mm512_set1_epi8(0x01);
   __m512i isum[R];
   for (int i = 0; i < R; ++i) isum[i] = _mm512_setzero_si512();
   for (int c = 0; c < 4; ++c) {
@@ -515,8 +527,15 @@ void q4k_tile_block(const uint8_t* t, const PackedActs& a, int64_t r0, int64_t b
     for (int i = 0; i < R; ++i) lo_acc[i] = hi_acc[i] = _mm512_setzero_si512();
     for (int v = 0; v < 8; ++v) {
       const __m512i w = load64(q + (8 * c + v) * 64);
-      const __m512i lo = _mm512_and_si512(w, nib);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nib);
+      __m512i lo = _mm512_and_si512(w, nib);
+      __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nib);
+      if (Q5) {
+        const __m512i h = load64(qh + v * 64);
+        lo = _mm512_or_si512(lo, _mm512_slli_epi16(
+            _mm512_and_si512(_mm512_srli_epi16(h, 2 * c), one), 4));
+        hi = _mm512_or_si512(hi, _mm512_slli_epi16(
+            _mm512_and_si512(_mm512_srli_epi16(h, 2 * c + 1), one), 4));
+      }
       for (int i = 0; i < R; ++i) {
         const int8_t* x = a.qs + (r0 + i) * a.k + 256 * b + 64 * c + 4 * v;
         lo_acc[i] = _mm512_dpbusd_epi32(lo_acc[i], lo, bcast4(x));
@@ -607,14 +626,15 @@ void q6k_tile_block(const uint8_t* t, const PackedActs& a, int64_t r0, int64_t b
 }
 
 // out[r0 + i, 16 tile + j] for R activation rows, every block of one tile of rows.
-template <int R, bool Q6>
+template <int R, Tile KIND>
 void packed_rows(const uint8_t* tiles, int64_t tile_bytes, const PackedActs& a, int64_t r0,
                  float* out, int64_t ldy) {
   __m512 acc[R];
   for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t b = 0; b < a.nb; ++b) {
-    if (Q6) q6k_tile_block<R>(tiles + b * tile_bytes, a, r0, b, acc);
-    else q4k_tile_block<R>(tiles + b * tile_bytes, a, r0, b, acc);
+    const uint8_t* t = tiles + b * tile_bytes;
+    if constexpr (KIND == Tile::Q6K) q6k_tile_block<R>(t, a, r0, b, acc);
+    else q4k_tile_block<R, KIND == Tile::Q5K>(t, a, r0, b, acc);
   }
   for (int i = 0; i < R; ++i) _mm512_storeu_ps(out + (r0 + i) * ldy, acc[i]);
 }
@@ -636,11 +656,11 @@ bool packed_available() {
 void q8k_packed_matmul_into(torch::Tensor qs, torch::Tensor d, torch::Tensor bsums,
                             torch::Tensor packed, int64_t qtype, torch::Tensor out) {
 #if defined(Q8K_PACKED)
-  TORCH_CHECK(qtype == 12 || qtype == 14, "packed tiles exist for Q4_K and Q6_K only");
+  TORCH_CHECK(qtype >= 12 && qtype <= 14, "packed tiles exist for Q4_K, Q5_K and Q6_K only");
   TORCH_CHECK(qs.dim() == 2 && qs.scalar_type() == torch::kInt8 && qs.is_contiguous());
   TORCH_CHECK(d.is_contiguous() && bsums.is_contiguous() && packed.is_contiguous());
-  const bool q6 = qtype == 14;
-  const int64_t tile_bytes = q6 ? kQ6KTile : kQ4KTile;
+  const bool q6 = qtype == 14, q5 = qtype == 13;
+  const int64_t tile_bytes = q6 ? kQ6KTile : (q5 ? kQ5KTile : kQ4KTile);
   const int64_t m = qs.size(0), k = qs.size(1), nb = k / 256, tiles = packed.size(0);
   TORCH_CHECK(packed.dim() == 2 && packed.size(1) == nb * tile_bytes, "packed rows do not match K");
   TORCH_CHECK(out.dim() == 2 && out.size(0) == m && out.size(1) == tiles * 16 &&
@@ -688,13 +708,17 @@ void q8k_packed_matmul_into(torch::Tensor qs, torch::Tensor d, torch::Tensor bsu
           _mm_prefetch(reinterpret_cast<const char*>(tp + kPrefetchAhead * stride + off),
                        _MM_HINT_T0);
       int64_t r = 0;
-      if (q6) {  // Q6_K's unpacking is shared by 8 activation rows; Q4_K's by 4 (registers)
-        for (; r + 8 <= m; r += 8) packed_rows<8, true>(tp, tile_bytes, a, r, y, ldy);
-        for (; r + 4 <= m; r += 4) packed_rows<4, true>(tp, tile_bytes, a, r, y, ldy);
-        for (; r < m; ++r) packed_rows<1, true>(tp, tile_bytes, a, r, y, ldy);
+      // Q6_K's unpacking is shared by 8 activation rows; Q4_K's and Q5_K's by 4 (registers).
+      if (q6) {
+        for (; r + 8 <= m; r += 8) packed_rows<8, Tile::Q6K>(tp, tile_bytes, a, r, y, ldy);
+        for (; r + 4 <= m; r += 4) packed_rows<4, Tile::Q6K>(tp, tile_bytes, a, r, y, ldy);
+        for (; r < m; ++r) packed_rows<1, Tile::Q6K>(tp, tile_bytes, a, r, y, ldy);
+      } else if (q5) {
+        for (; r + 4 <= m; r += 4) packed_rows<4, Tile::Q5K>(tp, tile_bytes, a, r, y, ldy);
+        for (; r < m; ++r) packed_rows<1, Tile::Q5K>(tp, tile_bytes, a, r, y, ldy);
       } else {
-        for (; r + 4 <= m; r += 4) packed_rows<4, false>(tp, tile_bytes, a, r, y, ldy);
-        for (; r < m; ++r) packed_rows<1, false>(tp, tile_bytes, a, r, y, ldy);
+        for (; r + 4 <= m; r += 4) packed_rows<4, Tile::Q4K>(tp, tile_bytes, a, r, y, ldy);
+        for (; r < m; ++r) packed_rows<1, Tile::Q4K>(tp, tile_bytes, a, r, y, ldy);
       }
     }
   });
@@ -796,7 +820,7 @@ _CFLAGS = ("-ffp-contract=off",)
 def kernel() -> Any | None:
     """The compiled extension, or None where it cannot be built or is turned off."""
     return load_pooled_extension(
-        "inference_engine_gguf_q8k_v20", _SOURCE,
+        "inference_engine_gguf_q8k_v21", _SOURCE,
         ["quantize_q8k", "q8k_matmul_into", "ggml_linear_q8k", "packed_available",
          "q8k_packed_matmul_into", "q8k_parts_into"],
         description="the CPU K-quant x Q8_K kernel", extra_cflags=_CFLAGS)
@@ -915,6 +939,7 @@ def q8k_parts_linear(x: torch.Tensor, parts: Q8Parts, out: torch.Tensor) -> None
 # Byte fields of a block, in tile order: (first byte, end, interleaving unit in bytes).
 _TILE_FIELDS: dict[GGMLQuantizationType, tuple[tuple[int, int, int], ...]] = {
     T.Q4_K: ((0, 2, 2), (2, 4, 2), (4, 16, 4), (16, 144, 4)),  # d, dmin, scales, quants
+    T.Q5_K: ((0, 2, 2), (2, 4, 2), (4, 16, 4), (16, 48, 4), (48, 176, 4)),  # ..., qh, quants
     T.Q6_K: ((208, 210, 2), (192, 208, 4), (0, 128, 4), (128, 192, 4)),  # d, scales, ql, qh
 }
 TILE_ROWS = 16
@@ -937,7 +962,7 @@ def pack_tiles(raw: torch.Tensor, qtype: GGMLQuantizationType) -> torch.Tensor:
     """
     fields = _TILE_FIELDS[qtype]
     n, row_bytes = raw.shape
-    type_size = fields[-1][1] if qtype == T.Q4_K else 210
+    type_size = GGML_QUANT_SIZES[qtype][1]
     if n % TILE_ROWS or row_bytes % type_size:
         raise ValueError(f"{qtype.name} tiles need rows in multiples of {TILE_ROWS} "
                          f"(got {n}) and whole blocks")
@@ -953,7 +978,7 @@ def pack_tiles(raw: torch.Tensor, qtype: GGMLQuantizationType) -> torch.Tensor:
 def unpack_tiles(packed: torch.Tensor, qtype: GGMLQuantizationType) -> torch.Tensor:
     """The raw rows ``uint8 [N, nb * type_size]`` of :func:`pack_tiles` tiles."""
     fields = _TILE_FIELDS[qtype]
-    type_size = 144 if qtype == T.Q4_K else 210
+    type_size = GGML_QUANT_SIZES[qtype][1]
     num_tiles = packed.shape[0]
     nb = packed.shape[1] // (type_size * TILE_ROWS)
     tiles = packed.reshape(num_tiles, nb, TILE_ROWS * type_size)
