@@ -161,3 +161,32 @@ def test_packed_tiles_match_reference(qtype, m):
     ref, magnitude = q8k_matmul_reference(x, raw, qtype)
     assert_close(out[:, :112], ref, magnitude)
     assert torch.equal(out[:, 112:], q8k_kernels.q8k_linear(x, parts[1][0], T.Q5_K))
+
+
+@pytest.fixture(scope="module")
+def portable_kernel():
+    """The same source built without AVX-512: the loops machines without it run."""
+    from inference_engine.cpu_thread_pool import load_pooled_extension
+
+    ext = load_pooled_extension(
+        "inference_engine_gguf_q8k_portable_test_v1", q8k_kernels._SOURCE,
+        ["quantize_q8k", "ggml_linear_q8k", "packed_available"],
+        description="the Q8_K kernel without AVX-512 (test)",
+        extra_cflags=(*q8k_kernels._CFLAGS, "-mno-avx512f"))
+    if ext is None:
+        pytest.skip("the kernel could not be built without AVX-512 here")
+    return ext
+
+
+@requires_kernel
+def test_build_without_avx512_matches_reference(portable_kernel):
+    assert not portable_kernel.packed_available()
+    x = activations(5, 768, seed=7) * 2.0
+    qs_ref, d_ref = quantize_q8_k_numpy(x.numpy())
+    qs, d, _ = portable_kernel.quantize_q8k(x)
+    assert np.array_equal(qs.numpy(), qs_ref)
+    assert np.array_equal(d.numpy().view(np.uint32), d_ref.view(np.uint32))
+    for qtype in K_QUANTS:
+        raw = rows_of(qtype, rows=13, blocks_per_row=3, seed=int(qtype))
+        ref, magnitude = q8k_matmul_reference(x, raw, qtype)
+        assert_close(portable_kernel.ggml_linear_q8k(x, raw, int(qtype)), ref, magnitude)
