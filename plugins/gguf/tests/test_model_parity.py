@@ -21,7 +21,7 @@ from inference_engine_gguf.dequant import dequantize
 from inference_engine_gguf.export import export_to_gguf
 from inference_engine_gguf.q8k_kernels import unpack_tiles
 from inference_engine_gguf.quant_method import GGMLLMHead, raw_rows
-from inference_engine_gguf.testing import q8k_matmul_reference
+from inference_engine_gguf.testing import q8k_matmul_reference, q80_matmul_reference
 
 NEW_TOKENS = 10
 PROMPTS = ["The quick brown fox", "héllo wörld, naïve café"]
@@ -105,7 +105,7 @@ def test_greedy_tokens_match_transformers(case, tmp_path, tokenizer, make_hf_mod
 
 
 Q8_CASES = ["qwen3-Q4_K_M", "qwen3-mixed", "qwen3-mixed-tiles", "qwen3-Q4_K-tied", "llama-Q4_K_M",
-            "qwen3moe-Q4_K_M"]
+            "qwen3moe-Q4_K_M", "qwen2-Q8_0", "llama-mixed"]
 
 
 @pytest.mark.parametrize("case", Q8_CASES)
@@ -138,15 +138,22 @@ def test_q8_layers_compute_llamacpp_arithmetic_in_the_engine(case, tmp_path, tok
     for module, x, y in calls:
         if isinstance(module, GGMLLMHead):
             raw = unpack_tiles(module.gguf_raw, module.qtype) if module.packed else module.gguf_raw
-            parts = [(raw, module.qtype, 0, module.vocab_size)]
+            parts = [(raw, module.qtype, 0, module.vocab_size, module.packed)]
         else:
-            parts = [(raw_rows(module, i), seg.qtype, seg.row_offset, seg.num_rows)
-                     for i, seg in enumerate(module.gguf_segments)]
-        for raw, part_type, start, rows in parts:
-            if part_type not in K_QUANTS:
+            parts = [(raw_rows(module, i), seg.qtype, seg.row_offset, seg.num_rows,
+                      module.gguf_packed[i]) for i, seg in enumerate(module.gguf_segments)]
+        for raw, part_type, start, rows, packed in parts:
+            if part_type in K_QUANTS:
+                reference = q8k_matmul_reference
+            elif part_type in (T.Q8_0, T.Q4_0) and packed:  # Q8_0 activations, as llama.cpp
+                reference = q80_matmul_reference
+            else:
                 continue
             ours = y[:, start : start + rows].double()
-            ref, magnitude = q8k_matmul_reference(x, raw, part_type)
+            bias = getattr(module, "bias", None)
+            if bias is not None:  # qwen2's q/k/v biases are added after the product
+                ours = ours - bias[start : start + rows].double()
+            ref, magnitude = reference(x, raw, part_type)
             assert ((ours - ref).abs() <= magnitude * 2**-20 + 1e-30).all(), module
             exact = x.double() @ dequantize(raw, part_type).double().t()
             assert (ours - exact).abs().max() > 1e3 * (ours - ref).abs().max()

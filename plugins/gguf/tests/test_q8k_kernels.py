@@ -18,6 +18,8 @@ from inference_engine_gguf import q8k_kernels
 from inference_engine_gguf.quant_method import tiled_linear
 from inference_engine_gguf.testing import (
     q8k_matmul_reference,
+    q80_matmul_reference,
+    quantize_q8_0_numpy,
     quantize_q8_k_numpy,
     random_ggml_rows,
 )
@@ -148,7 +150,8 @@ def test_tiles_are_a_permutation_of_the_raw_rows(qtype):
 
 
 @pytest.mark.skipif(not q8k_kernels.packing_available(), reason="needs AVX512-BW + VNNI")
-@pytest.mark.parametrize("qtype", sorted(q8k_kernels.PACKED_TYPES), ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", sorted(q8k_kernels.PACKED_TYPES & q8k_kernels.Q8K_TYPES),
+                         ids=lambda t: t.name)
 @pytest.mark.parametrize("m", [1, 3, 4, 9, 16, 21])
 def test_packed_tiles_match_reference(qtype, m):
     """Every row-group size of the kernel (8 / 4 / 1 activation rows per pass) and
@@ -190,3 +193,31 @@ def test_build_without_avx512_matches_reference(portable_kernel):
         raw = rows_of(qtype, rows=13, blocks_per_row=3, seed=int(qtype))
         ref, magnitude = q8k_matmul_reference(x, raw, qtype)
         assert_close(portable_kernel.ggml_linear_q8k(x, raw, int(qtype)), ref, magnitude)
+
+
+@pytest.mark.skipif(not q8k_kernels.packing_available(), reason="needs AVX512-BW + VNNI")
+def test_q8_0_activations_equal_llamacpp_rounding_bit_for_bit():
+    x = activations(5, 512, seed=12) * 4.0
+    x[2, 64:96] = 0.0  # a zero block
+    x[3, 100] = 1e-30
+    qs, d, sums = q8k_kernels.kernel().quantize_q8_0(x)
+    qs_ref, d_ref = quantize_q8_0_numpy(x.numpy())
+    assert np.array_equal(qs.numpy(), qs_ref)
+    assert np.array_equal(d.numpy().view(np.uint32), d_ref.view(np.uint32))
+    assert np.array_equal(sums.numpy(), qs_ref.reshape(5, -1, 32).astype(np.int32).sum(-1))
+
+
+@pytest.mark.skipif(not q8k_kernels.packing_available(), reason="needs AVX512-BW + VNNI")
+@pytest.mark.parametrize("qtype", sorted(q8k_kernels.Q80_TYPES), ids=lambda t: t.name)
+@pytest.mark.parametrize("m", [1, 4, 9, 16])
+def test_q8_0_tiles_match_reference(qtype, m):
+    """Q8_0 / Q4_0 tiles against Q8_0 activations, several tiles, two parts in one call."""
+    raws = [rows_of(qtype, rows=48, blocks_per_row=16, seed=m), rows_of(qtype, 32, 16, seed=9)]
+    parts = q8k_kernels.Q8Parts([q8k_kernels.pack_tiles(r, qtype) for r in raws],
+                                [int(qtype)] * 2, [True, True])
+    x = torch.randn(m, 512, generator=torch.Generator().manual_seed(m))
+    out = torch.full((m, 80), float("nan"))
+    q8k_kernels.q8k_parts_linear(x, parts, out)
+    for cols, raw in ((slice(0, 48), raws[0]), (slice(48, 80), raws[1])):
+        ref, magnitude = q80_matmul_reference(x, raw, qtype)
+        assert_close(out[:, cols], ref, magnitude)

@@ -36,7 +36,7 @@ from inference_engine.cpu_thread_pool import load_pooled_extension
 from inference_engine_gguf.cpu_kernels import GGML_HELPERS_CPP
 from inference_engine_gguf.dequant import dequantize
 
-__all__ = ["PACKED_TYPES", "Q8K_TYPES", "TILE_ROWS", "Q8Parts", "kernel", "pack_tiles",
+__all__ = ["PACKED_TYPES", "Q80_TYPES", "Q8K_TYPES", "TILE_ROWS", "Q8Parts", "kernel", "pack_tiles",
            "packing_available", "q8k_linear", "q8k_linear_reference", "q8k_parts_linear",
            "q8k_segments_linear", "quantize_q8_k", "unpack_tiles"]
 
@@ -44,6 +44,8 @@ T = GGMLQuantizationType
 
 # Weight types whose llama.cpp CPU dot product takes Q8_K activations (and our kernel has).
 Q8K_TYPES: frozenset[GGMLQuantizationType] = frozenset({T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K})
+# Weight types llama.cpp multiplies by Q8_0 activations that we do too (packed tiles only).
+Q80_TYPES: frozenset[GGMLQuantizationType] = frozenset({T.Q8_0, T.Q4_0})
 QK_K = 256
 # Weight values one float64 tile of the reference path may hold (32 MiB).
 REFERENCE_TILE_VALUES = 1 << 22
@@ -638,7 +640,79 @@ void packed_rows(const uint8_t* tiles, int64_t tile_bytes, const PackedActs& a, 
   }
   for (int i = 0; i < R; ++i) _mm512_storeu_ps(out + (r0 + i) * ldy, acc[i]);
 }
+
+// ---- Q8_0 and Q4_0 weights: llama.cpp multiplies them by Q8_0 activations. ----
+//   Q8_0 tile (544 bytes): d [16] fp16 | quants [8][16][4]
+//   Q4_0 tile (288 bytes): d [16] fp16 | quant bytes [4][16][4] (low nibbles: values
+//                          4v.., high: 16 + 4v..), values stored + 8
+struct Q80Acts {
+  const int8_t* qs;
+  const float* d;      // [M, nb]: the fp16 scale, as float
+  const int32_t* sums;  // [M, nb]: the sum of each block's 32 quants
+  int64_t k, nb;
+};
+
+template <int R, bool Q4>
+void q80_rows(const uint8_t* tiles, int64_t tile_bytes, const Q80Acts& a, int64_t r0,
+              float* out, int64_t ldy) {
+  const __m512i flip = _mm512_set1_epi8((char)0x80), nib = _mm512_set1_epi8(0x0F);
+  __m512 acc[R];
+  for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < a.nb; ++b) {
+    const uint8_t* t = tiles + b * tile_bytes;
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
+    __m512i isum[R];
+    for (int i = 0; i < R; ++i) isum[i] = _mm512_setzero_si512();
+    if constexpr (Q4) {
+      for (int v = 0; v < 4; ++v) {
+        const __m512i w = load64(t + 32 + 64 * v);
+        const __m512i lo = _mm512_and_si512(w, nib);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nib);
+        for (int i = 0; i < R; ++i) {
+          const int8_t* x = a.qs + (r0 + i) * a.k + 32 * b + 4 * v;
+          isum[i] = _mm512_dpbusd_epi32(isum[i], lo, bcast4(x));
+          isum[i] = _mm512_dpbusd_epi32(isum[i], hi, bcast4(x + 16));
+        }
+      }
+    } else {
+      for (int v = 0; v < 8; ++v) {
+        const __m512i w = _mm512_xor_si512(load64(t + 32 + 64 * v), flip);  // q + 128, unsigned
+        for (int i = 0; i < R; ++i)
+          isum[i] = _mm512_dpbusd_epi32(isum[i], w,
+                                        bcast4(a.qs + (r0 + i) * a.k + 32 * b + 4 * v));
+      }
+    }
+    // The stored offset (8, or the 128 just added) times the block's activation sum.
+    const int32_t offset = Q4 ? 8 : 128;
+    for (int i = 0; i < R; ++i) {
+      const int64_t rb = (r0 + i) * a.nb + b;
+      const __m512i total = _mm512_sub_epi32(isum[i], _mm512_set1_epi32(offset * a.sums[rb]));
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total),
+                               _mm512_mul_ps(dw, _mm512_set1_ps(a.d[rb])), acc[i]);
+    }
+  }
+  for (int i = 0; i < R; ++i) _mm512_storeu_ps(out + (r0 + i) * ldy, acc[i]);
+}
 #endif
+
+// llama.cpp's x86 quantize_row_q8_0 for one row (k % 32 == 0): per 32 values the largest
+// magnitude over 127, stored as fp16 (d holds it as float), quants round-half-even of
+// x * (127 / max); sums: each block's quant sum.
+void quantize_row_q8_0(const float* x, int64_t k, int8_t* qs, float* d, int32_t* sums) {
+  for (int64_t b = 0; b < k / 32; ++b, x += 32, qs += 32) {
+    float amax = 0.f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+    d[b] = static_cast<float>(c10::Half(amax / 127.f));
+    const float id = amax != 0.f ? 127.f / amax : 0.f;
+    int32_t sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      const int q = static_cast<int>(std::nearbyint(x[j] * id));
+      qs[j] = static_cast<int8_t>(std::max(-128, std::min(127, q)));
+      sum += qs[j];
+    }
+    sums[b] = sum;
+  }
+}
 
 }  // namespace
 
@@ -785,11 +859,90 @@ void q8k_matmul_into(torch::Tensor qs, torch::Tensor d, torch::Tensor bsums, tor
   });
 }
 
-// out [M, sum of parts' N] = Q8_K(x) . each part (raw rows, or packed tiles where
-// packed[i]) into consecutive columns: one call per layer, x quantized once.
+// x [M, K] float32 (rows contiguous) -> (qs int8 [M, K], d float32 [M, K/32], sums int32
+// [M, K/32]): llama.cpp's x86 quantize_row_q8_0 on each row.
+std::vector<torch::Tensor> quantize_q8_0(torch::Tensor x) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.stride(1) == 1);
+  const int64_t m = x.size(0), k = x.size(1);
+  TORCH_CHECK(k % 32 == 0, "K=", k, " is not a multiple of 32");
+  auto qs = torch::empty({m, k}, torch::dtype(torch::kInt8));
+  auto d = torch::empty({m, k / 32}, torch::dtype(torch::kFloat32));
+  auto sums = torch::empty({m, k / 32}, torch::dtype(torch::kInt32));
+  const float* xp = x.data_ptr<float>();
+  const int64_t ldx = x.stride(0);
+  int8_t* qp = qs.data_ptr<int8_t>();
+  float* dp = d.data_ptr<float>();
+  int32_t* sp = sums.data_ptr<int32_t>();
+  parallel_tasks(m, [&](int64_t r) {
+    quantize_row_q8_0(xp + r * ldx, k, qp + r * k, dp + r * (k / 32), sp + r * (k / 32));
+  });
+  return {qs, d, sums};
+}
+
+// out [M, N] float32 (unit column stride) = Q8_0 activations . packed Q8_0 (8) or Q4_0 (2)
+// tiles (uint8 [N/16, nb * tile bytes], see above).
+void q80_packed_matmul_into(torch::Tensor qs, torch::Tensor d, torch::Tensor sums,
+                            torch::Tensor packed, int64_t qtype, torch::Tensor out) {
+#if defined(Q8K_PACKED)
+  TORCH_CHECK(qtype == 8 || qtype == 2, "Q8_0 activations pair with Q8_0 and Q4_0 tiles");
+  TORCH_CHECK(qs.dim() == 2 && qs.scalar_type() == torch::kInt8 && qs.is_contiguous());
+  TORCH_CHECK(d.is_contiguous() && sums.is_contiguous() && packed.is_contiguous());
+  const bool q4 = qtype == 2;
+  const int64_t tile_bytes = q4 ? 288 : 544;
+  const int64_t m = qs.size(0), k = qs.size(1), nb = k / 32, tiles = packed.size(0);
+  TORCH_CHECK(packed.dim() == 2 && packed.size(1) == nb * tile_bytes, "packed rows do not match K");
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == m && out.size(1) == tiles * 16 &&
+              out.stride(1) == 1 && out.scalar_type() == torch::kFloat32,
+              "out: float32 [M, N], unit column stride");
+  if (m == 0 || tiles == 0) return;
+  const Q80Acts a{qs.data_ptr<int8_t>(), d.data_ptr<float>(), sums.data_ptr<int32_t>(), k, nb};
+  const uint8_t* pp = packed.data_ptr<uint8_t>();
+  float* yp = out.data_ptr<float>();
+  const int64_t ldy = out.stride(0), stride = nb * tile_bytes;
+  const int64_t run = std::max<int64_t>(1, (tiles + kTaskRuns - 1) / kTaskRuns);
+  parallel_tasks((tiles + run - 1) / run, [&](int64_t task) {
+    const int64_t first = task * run, last = std::min(tiles, first + run);
+    for (int64_t tile = first; tile < last; ++tile) {
+      const uint8_t* tp = pp + tile * stride;
+      float* y = yp + tile * 16;
+      if (tile + kPrefetchAhead < last)
+        for (int64_t off = 0; off < stride; off += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(tp + kPrefetchAhead * stride + off),
+                       _MM_HINT_T0);
+      int64_t r = 0;
+      if (q4) {
+        for (; r + 4 <= m; r += 4) q80_rows<4, true>(tp, tile_bytes, a, r, y, ldy);
+        for (; r < m; ++r) q80_rows<1, true>(tp, tile_bytes, a, r, y, ldy);
+      } else {
+        for (; r + 4 <= m; r += 4) q80_rows<4, false>(tp, tile_bytes, a, r, y, ldy);
+        for (; r < m; ++r) q80_rows<1, false>(tp, tile_bytes, a, r, y, ldy);
+      }
+    }
+  });
+#else
+  TORCH_CHECK(false, "packed Q8_0 / Q4_0 tiles need AVX512-BW and AVX512-VNNI");
+#endif
+}
+
+// out [M, sum of parts' N] = x . each part into consecutive columns, one call per layer:
+// K-quant parts (raw rows, or packed tiles where packed[i]) against Q8_K(x), or packed
+// Q8_0 / Q4_0 parts against Q8_0(x); x quantized once.
 void q8k_parts_into(torch::Tensor x, std::vector<torch::Tensor> weights,
                     std::vector<int64_t> qtypes, std::vector<bool> packed, torch::Tensor out) {
   TORCH_CHECK(weights.size() == qtypes.size() && weights.size() == packed.size());
+  if (!qtypes.empty() && (qtypes[0] == 8 || qtypes[0] == 2)) {
+    auto q = quantize_q8_0(x);
+    int64_t col = 0;
+    for (size_t i = 0; i < weights.size(); ++i) {
+      TORCH_CHECK(packed[i] && (qtypes[i] == 8 || qtypes[i] == 2), "mixed activation types");
+      const int64_t n = weights[i].size(0) * 16;
+      auto cols = weights.size() == 1 ? out : out.narrow(1, col, n);
+      q80_packed_matmul_into(q[0], q[1], q[2], weights[i], qtypes[i], cols);
+      col += n;
+    }
+    TORCH_CHECK(col == out.size(1), "the parts' rows do not add up to out's columns");
+    return;
+  }
   auto q = quantize_q8k(x);
   int64_t col = 0;
   for (size_t i = 0; i < weights.size(); ++i) {
@@ -820,9 +973,9 @@ _CFLAGS = ("-ffp-contract=off",)
 def kernel() -> Any | None:
     """The compiled extension, or None where it cannot be built or is turned off."""
     return load_pooled_extension(
-        "inference_engine_gguf_q8k_v21", _SOURCE,
+        "inference_engine_gguf_q8k_v22", _SOURCE,
         ["quantize_q8k", "q8k_matmul_into", "ggml_linear_q8k", "packed_available",
-         "q8k_packed_matmul_into", "q8k_parts_into"],
+         "q8k_packed_matmul_into", "q8k_parts_into", "quantize_q8_0", "q80_packed_matmul_into"],
         description="the CPU K-quant x Q8_K kernel", extra_cflags=_CFLAGS)
 
 
@@ -915,7 +1068,8 @@ def q8k_segments_linear(x: torch.Tensor, parts: list[tuple[torch.Tensor, GGMLQua
 
 @dataclass(frozen=True, slots=True)
 class Q8Parts:
-    """A layer's K-quant parts, ready for :func:`q8k_parts_linear` (built once at load)."""
+    """A layer's parts, ready for :func:`q8k_parts_linear` (built once at load): all
+    K-quants (against Q8_K activations), or all packed Q8_0 / Q4_0 (against Q8_0 ones)."""
 
     weights: list[torch.Tensor]  # raw rows, or pack_tiles tiles where packed[i]
     qtypes: list[int]
@@ -923,8 +1077,8 @@ class Q8Parts:
 
 
 def q8k_parts_linear(x: torch.Tensor, parts: Q8Parts, out: torch.Tensor) -> None:
-    """``out = Q8_K(x) @ [W_0; W_1; ...].T`` for float32 ``x [T, K]`` on CPU, in one kernel
-    call (the decode path of a layer whose every part is a K-quant).
+    """``out = Q(x) @ [W_0; W_1; ...].T`` for float32 ``x [T, K]`` on CPU in one kernel call,
+    ``Q`` llama.cpp's activation rounding for the parts' types (Q8_K or Q8_0).
 
     Raises:
         RuntimeError: if the kernel is unavailable (the caller built ``parts`` with it).
@@ -941,6 +1095,8 @@ _TILE_FIELDS: dict[GGMLQuantizationType, tuple[tuple[int, int, int], ...]] = {
     T.Q4_K: ((0, 2, 2), (2, 4, 2), (4, 16, 4), (16, 144, 4)),  # d, dmin, scales, quants
     T.Q5_K: ((0, 2, 2), (2, 4, 2), (4, 16, 4), (16, 48, 4), (48, 176, 4)),  # ..., qh, quants
     T.Q6_K: ((208, 210, 2), (192, 208, 4), (0, 128, 4), (128, 192, 4)),  # d, scales, ql, qh
+    T.Q8_0: ((0, 2, 2), (2, 34, 4)),  # d, quants
+    T.Q4_0: ((0, 2, 2), (2, 18, 4)),  # d, quant bytes
 }
 TILE_ROWS = 16
 PACKED_TYPES: frozenset[GGMLQuantizationType] = frozenset(_TILE_FIELDS)

@@ -26,7 +26,9 @@ llama.cpp's arithmetic for the K-quants: each activation row is rounded to Q8_K 
 multiplied in integers (:mod:`inference_engine_gguf.q8k_kernels`), so logits follow
 llama.cpp's on the same file, and decode is faster. ``float`` keeps activations in the
 compute dtype, so the result is the exact product with the dequantized weights (what
-transformers computes on them). Other block types, and other devices, always use float.
+transformers computes on them). Q8_0 and Q4_0 weights whose rows come in 16s also take
+llama.cpp's route in ``q8`` (Q8_0 activations); other block types, and other devices,
+always use float.
 """
 
 from __future__ import annotations
@@ -249,14 +251,22 @@ class GGUFMethod(QuantMethod):
         return True
 
     def _q8_parts(self, layer: nn.Module) -> q8k_kernels.Q8Parts | None:
-        """The one-call q8 form of a layer whose every part is a K-quant on CPU, else None."""
+        """The one-call q8 form of a layer on CPU whose parts all take Q8_K activations
+        (K-quants) or all Q8_0 ones (packed Q8_0 / Q4_0), else None."""
         segments = layer.gguf_segments
-        if (self.activations != "q8" or _raw(layer, 0).device.type != "cpu"
-                or any(seg.qtype not in q8k_kernels.Q8K_TYPES for seg in segments)
+        weights = [_raw(layer, i) for i in range(len(segments))]
+        return self._q8_form(weights, [seg.qtype for seg in segments], layer.gguf_packed)
+
+    def _q8_form(self, weights: list[torch.Tensor], qtypes: list[GGMLQuantizationType],
+                 packed: list[bool]) -> q8k_kernels.Q8Parts | None:
+        if (self.activations != "q8" or weights[0].device.type != "cpu"
                 or q8k_kernels.kernel() is None):
             return None
-        return q8k_kernels.Q8Parts([_raw(layer, i) for i in range(len(segments))],
-                                   [int(seg.qtype) for seg in segments], list(layer.gguf_packed))
+        q8k = all(t in q8k_kernels.Q8K_TYPES for t in qtypes)
+        q80 = all(t in q8k_kernels.Q80_TYPES for t in qtypes) and all(packed)
+        if not (q8k or q80):
+            return None
+        return q8k_kernels.Q8Parts(list(weights), [int(t) for t in qtypes], list(packed))
 
     def process_model_after_loading(self, model: nn.Module) -> None:
         """Swap the dense token embedding / LM head for raw GGML blocks from the file."""
@@ -291,10 +301,8 @@ class GGUFMethod(QuantMethod):
             new_head = GGMLLMHead(raw, swap["lm_head.weight"], head.weight.dtype,
                                   activations=self.activations, accumulate=self.accumulate)
             new_head.packed = self._pack(new_head, RAW_PREFIX, new_head.qtype)
-            if (self.activations == "q8" and new_head.qtype in q8k_kernels.Q8K_TYPES
-                    and raw.device.type == "cpu" and q8k_kernels.kernel() is not None):
-                new_head.q8_parts = q8k_kernels.Q8Parts(
-                    [new_head.gguf_raw], [int(new_head.qtype)], [new_head.packed])
+            new_head.q8_parts = self._q8_form([new_head.gguf_raw], [new_head.qtype],
+                                              [new_head.packed])
             _replace(model, "lm_head", new_head)
 
     def fused_moe_method(self, prefix: str) -> Any | None:
@@ -343,7 +351,8 @@ class GGUFMethod(QuantMethod):
         # Packed tiles exist only where the q8 kernel was built (GGUFMethod._pack).
         out = cols if cols.dtype == torch.float32 else cols.new_empty(cols.shape,
                                                                      dtype=torch.float32)
-        q8k_kernels.q8k_segments_linear(x.float(), [(_raw(layer, i), seg.qtype)], out, [True])
+        part = q8k_kernels.Q8Parts([_raw(layer, i)], [int(seg.qtype)], [True])
+        q8k_kernels.q8k_parts_linear(x.float(), part, out)
         if out is not cols:
             cols.copy_(out)
 

@@ -7,7 +7,8 @@ import torch
 from gguf import quants
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-__all__ = ["F16_FIELDS", "q8k_matmul_reference", "quantize_q8_k_numpy", "random_ggml_rows"]
+__all__ = ["F16_FIELDS", "q80_matmul_reference", "q8k_matmul_reference", "quantize_q8_0_numpy",
+           "quantize_q8_k_numpy", "random_ggml_rows"]
 
 T = GGMLQuantizationType
 
@@ -70,5 +71,37 @@ def q8k_matmul_reference(x: torch.Tensor, raw: torch.Tensor,
     """
     qs, d = quantize_q8_k_numpy(x.detach().float().numpy())
     acts = qs.astype(np.float64) * np.repeat(d.astype(np.float64), 256, axis=1)
+    w = quants.dequantize(raw.numpy(), qtype).astype(np.float64)
+    return torch.from_numpy(acts @ w.T), torch.from_numpy(np.abs(acts) @ np.abs(w).T)
+
+
+def quantize_q8_0_numpy(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """llama.cpp's x86 ``quantize_row_q8_0`` on each row of ``x [M, K]`` (the activations of
+    its Q8_0 / Q4_0 dot products): per 32 values ``d = max|x| / 127`` stored as float16,
+    quants ``round_half_even(x * (127 / max|x|))``.
+
+    Returns:
+        ``(qs int8 [M, K], d float32 [M, K/32])`` (d: the float16 value).
+    """
+    m, k = x.shape
+    blocks = x.astype(np.float32).reshape(m, k // 32, 32)
+    amax = np.abs(blocks).max(axis=-1, keepdims=True)
+    d = (amax / np.float32(127.0)).astype(np.float16).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
+    qs = np.rint((blocks * inv).astype(np.float32)).astype(np.int8)  # rint: half to even
+    return qs.reshape(m, k), d.reshape(m, k // 32)
+
+
+def q80_matmul_reference(x: torch.Tensor, raw: torch.Tensor,
+                         qtype: GGMLQuantizationType) -> tuple[torch.Tensor, torch.Tensor]:
+    """llama.cpp's Q8_0 / Q4_0 matmul stated plainly: ``x`` rounded by
+    :func:`quantize_q8_0_numpy` times the ``gguf`` dequantization of ``raw``, in float64.
+
+    Returns:
+        ``(result [M, N], |activations| @ |weights|.T)``.
+    """
+    qs, d = quantize_q8_0_numpy(x.detach().float().numpy())
+    acts = qs.astype(np.float64) * np.repeat(d.astype(np.float64), 32, axis=1)
     w = quants.dequantize(raw.numpy(), qtype).astype(np.float64)
     return torch.from_numpy(acts @ w.T), torch.from_numpy(np.abs(acts) @ np.abs(w).T)
