@@ -492,6 +492,26 @@ inline __m512i load64(const uint8_t* p) {
   return _mm512_loadu_si512(reinterpret_cast<const void*>(p));
 }
 
+// body(tile bytes, tile index) for every tile of `tiles` (each `stride` bytes from base).
+// Tasks are runs of consecutive tiles, so each thread streams through memory in order
+// (fetching the next tile of its run while it computes: each is read once per step);
+// kTaskRuns of them balance a thread that starts late.
+template <class F>
+void for_tile_runs(const uint8_t* base, int64_t tiles, int64_t stride, const F& body) {
+  const int64_t run = std::max<int64_t>(1, (tiles + kTaskRuns - 1) / kTaskRuns);
+  parallel_tasks((tiles + run - 1) / run, [&](int64_t task) {
+    const int64_t first = task * run, last = std::min(tiles, first + run);
+    for (int64_t tile = first; tile < last; ++tile) {
+      const uint8_t* tp = base + tile * stride;
+      if (tile + kPrefetchAhead < last)
+        for (int64_t off = 0; off < stride; off += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(tp + kPrefetchAhead * stride + off),
+                       _MM_HINT_T0);
+      body(tp, tile);
+    }
+  });
+}
+
 // Per (activation row, block) int16 pairs of bsum sums for the offset terms (see below).
 struct PackedActs {
   const int8_t* qs;
@@ -767,33 +787,20 @@ void q8k_packed_matmul_into(torch::Tensor qs, torch::Tensor d, torch::Tensor bsu
   const uint8_t* pp = packed.data_ptr<uint8_t>();
   float* yp = out.data_ptr<float>();
   const int64_t ldy = out.stride(0);
-  const int64_t stride = nb * tile_bytes;
-  // Tasks are runs of consecutive tiles, so each thread streams through memory in order
-  // (and prefetches the tile after next of its own run); kTaskRuns of them balance a
-  // thread that starts late.
-  const int64_t run = std::max<int64_t>(1, (tiles + kTaskRuns - 1) / kTaskRuns);
-  parallel_tasks((tiles + run - 1) / run, [&](int64_t task) {
-    const int64_t first = task * run, last = std::min(tiles, first + run);
-    for (int64_t tile = first; tile < last; ++tile) {
-      const uint8_t* tp = pp + tile * stride;
-      float* y = yp + tile * 16;
-      if (tile + kPrefetchAhead < last)
-        for (int64_t off = 0; off < stride; off += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(tp + kPrefetchAhead * stride + off),
-                       _MM_HINT_T0);
-      int64_t r = 0;
-      // Q6_K's unpacking is shared by 8 activation rows; Q4_K's and Q5_K's by 4 (registers).
-      if (q6) {
-        for (; r + 8 <= m; r += 8) packed_rows<8, Tile::Q6K>(tp, tile_bytes, a, r, y, ldy);
-        for (; r + 4 <= m; r += 4) packed_rows<4, Tile::Q6K>(tp, tile_bytes, a, r, y, ldy);
-        for (; r < m; ++r) packed_rows<1, Tile::Q6K>(tp, tile_bytes, a, r, y, ldy);
-      } else if (q5) {
-        for (; r + 4 <= m; r += 4) packed_rows<4, Tile::Q5K>(tp, tile_bytes, a, r, y, ldy);
-        for (; r < m; ++r) packed_rows<1, Tile::Q5K>(tp, tile_bytes, a, r, y, ldy);
-      } else {
-        for (; r + 4 <= m; r += 4) packed_rows<4, Tile::Q4K>(tp, tile_bytes, a, r, y, ldy);
-        for (; r < m; ++r) packed_rows<1, Tile::Q4K>(tp, tile_bytes, a, r, y, ldy);
-      }
+  for_tile_runs(pp, tiles, nb * tile_bytes, [&](const uint8_t* tp, int64_t tile) {
+    float* y = yp + tile * 16;
+    int64_t r = 0;
+    // Q6_K's unpacking is shared by 8 activation rows; Q4_K's and Q5_K's by 4 (registers).
+    if (q6) {
+      for (; r + 8 <= m; r += 8) packed_rows<8, Tile::Q6K>(tp, tile_bytes, a, r, y, ldy);
+      for (; r + 4 <= m; r += 4) packed_rows<4, Tile::Q6K>(tp, tile_bytes, a, r, y, ldy);
+      for (; r < m; ++r) packed_rows<1, Tile::Q6K>(tp, tile_bytes, a, r, y, ldy);
+    } else if (q5) {
+      for (; r + 4 <= m; r += 4) packed_rows<4, Tile::Q5K>(tp, tile_bytes, a, r, y, ldy);
+      for (; r < m; ++r) packed_rows<1, Tile::Q5K>(tp, tile_bytes, a, r, y, ldy);
+    } else {
+      for (; r + 4 <= m; r += 4) packed_rows<4, Tile::Q4K>(tp, tile_bytes, a, r, y, ldy);
+      for (; r < m; ++r) packed_rows<1, Tile::Q4K>(tp, tile_bytes, a, r, y, ldy);
     }
   });
 #else
@@ -898,25 +905,16 @@ void q80_packed_matmul_into(torch::Tensor qs, torch::Tensor d, torch::Tensor sum
   const Q80Acts a{qs.data_ptr<int8_t>(), d.data_ptr<float>(), sums.data_ptr<int32_t>(), k, nb};
   const uint8_t* pp = packed.data_ptr<uint8_t>();
   float* yp = out.data_ptr<float>();
-  const int64_t ldy = out.stride(0), stride = nb * tile_bytes;
-  const int64_t run = std::max<int64_t>(1, (tiles + kTaskRuns - 1) / kTaskRuns);
-  parallel_tasks((tiles + run - 1) / run, [&](int64_t task) {
-    const int64_t first = task * run, last = std::min(tiles, first + run);
-    for (int64_t tile = first; tile < last; ++tile) {
-      const uint8_t* tp = pp + tile * stride;
-      float* y = yp + tile * 16;
-      if (tile + kPrefetchAhead < last)
-        for (int64_t off = 0; off < stride; off += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(tp + kPrefetchAhead * stride + off),
-                       _MM_HINT_T0);
-      int64_t r = 0;
-      if (q4) {
-        for (; r + 4 <= m; r += 4) q80_rows<4, true>(tp, tile_bytes, a, r, y, ldy);
-        for (; r < m; ++r) q80_rows<1, true>(tp, tile_bytes, a, r, y, ldy);
-      } else {
-        for (; r + 4 <= m; r += 4) q80_rows<4, false>(tp, tile_bytes, a, r, y, ldy);
-        for (; r < m; ++r) q80_rows<1, false>(tp, tile_bytes, a, r, y, ldy);
-      }
+  const int64_t ldy = out.stride(0);
+  for_tile_runs(pp, tiles, nb * tile_bytes, [&](const uint8_t* tp, int64_t tile) {
+    float* y = yp + tile * 16;
+    int64_t r = 0;
+    if (q4) {
+      for (; r + 4 <= m; r += 4) q80_rows<4, true>(tp, tile_bytes, a, r, y, ldy);
+      for (; r < m; ++r) q80_rows<1, true>(tp, tile_bytes, a, r, y, ldy);
+    } else {
+      for (; r + 4 <= m; r += 4) q80_rows<4, false>(tp, tile_bytes, a, r, y, ldy);
+      for (; r < m; ++r) q80_rows<1, false>(tp, tile_bytes, a, r, y, ldy);
     }
   });
 #else
@@ -973,7 +971,7 @@ _CFLAGS = ("-ffp-contract=off",)
 def kernel() -> Any | None:
     """The compiled extension, or None where it cannot be built or is turned off."""
     return load_pooled_extension(
-        "inference_engine_gguf_q8k_v22", _SOURCE,
+        "inference_engine_gguf_q8k_v23", _SOURCE,
         ["quantize_q8k", "q8k_matmul_into", "ggml_linear_q8k", "packed_available",
          "q8k_packed_matmul_into", "q8k_parts_into", "quantize_q8_0", "q80_packed_matmul_into"],
         description="the CPU K-quant x Q8_K kernel", extra_cflags=_CFLAGS)
