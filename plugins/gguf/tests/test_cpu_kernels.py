@@ -127,3 +127,8 @@ def _counting(fn, calls):
         calls.append(1)
         return fn(*args, **kwargs)
     return wrapped
+
+
+def test_kernel_builds():
+    """The tests above skip without the kernel: a failed build must fail here instead."""
+    assert cpu_kernels.kernel() is not None, "the GGML block kernel failed to build (see the log)"

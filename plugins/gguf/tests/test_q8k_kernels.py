@@ -8,6 +8,8 @@ those rounded activations times those weights in float64: what llama.cpp's integ
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -27,6 +29,14 @@ from inference_engine_gguf.testing import (
 T = GGMLQuantizationType
 K_QUANTS = sorted(q8k_kernels.Q8K_TYPES)
 
+
+
+def test_kernel_builds_and_tiles_exist_where_the_cpu_has_vnni():
+    """The tests below skip without the kernel: a failed build must fail here instead."""
+    assert q8k_kernels.kernel() is not None, "the Q8_K kernel failed to build (see the log)"
+    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    if " avx512bw" in flags and " avx512_vnni" in flags:
+        assert q8k_kernels.packing_available()
 
 
 def rows_of(qtype: GGMLQuantizationType, rows: int, blocks_per_row: int, seed: int) -> torch.Tensor:
@@ -96,19 +106,21 @@ def test_quantized_blocks_from_gguf_and_leading_dims():
 
 
 @requires_kernel
-def test_segments_write_their_columns_with_one_quantization():
+def test_parts_write_their_columns():
     x = activations(4, 512, seed=3)
-    parts = [(rows_of(T.Q4_K, rows=20, blocks_per_row=2, seed=1), T.Q4_K),
-             (rows_of(T.Q6_K, rows=9, blocks_per_row=2, seed=2), T.Q6_K)]
+    raws = [rows_of(T.Q4_K, rows=20, blocks_per_row=2, seed=1),
+            rows_of(T.Q6_K, rows=9, blocks_per_row=2, seed=2)]
+    parts = q8k_kernels.Q8Parts(raws, [int(T.Q4_K), int(T.Q6_K)], [False, False])
     out = torch.full((4, 29), float("nan"))
-    assert q8k_kernels.q8k_segments_linear(x, parts, out)
-    assert torch.equal(out[:, :20], q8k_kernels.q8k_linear(x, *parts[0]))
-    assert torch.equal(out[:, 20:], q8k_kernels.q8k_linear(x, *parts[1]))
-    # A part the kernel does not take: nothing written, the caller goes part by part.
-    mixed = [parts[0], (rows_of(T.Q8_0, rows=9, blocks_per_row=16, seed=4), T.Q8_0)]
-    fresh = torch.full((4, 29), float("nan"))
-    assert not q8k_kernels.q8k_segments_linear(x, mixed, fresh)
-    assert torch.isnan(fresh).all()
+    q8k_kernels.q8k_parts_linear(x, parts, out)
+    for cols, raw, qtype in ((slice(0, 20), raws[0], T.Q4_K), (slice(20, 29), raws[1], T.Q6_K)):
+        ref, magnitude = q8k_matmul_reference(x, raw, qtype)
+        assert_close(out[:, cols], ref, magnitude)
+    # A part of another activation type in the same call is refused, not miscomputed.
+    mixed = q8k_kernels.Q8Parts([raws[0], rows_of(T.Q8_0, rows=9, blocks_per_row=16, seed=4)],
+                                [int(T.Q4_K), int(T.Q8_0)], [False, False])
+    with pytest.raises(RuntimeError, match="no Q8_K dot product"):
+        q8k_kernels.q8k_parts_linear(x, mixed, torch.empty(4, 29))
 
 
 @requires_kernel
@@ -159,11 +171,13 @@ def test_packed_tiles_match_reference(qtype, m):
     raw = rows_of(qtype, rows=112, blocks_per_row=2, seed=int(qtype) * m)
     x = activations(m, 512, seed=m + 1)
     out = torch.full((m, 120), float("nan"))
-    parts = [(q8k_kernels.pack_tiles(raw, qtype), qtype), (rows_of(T.Q5_K, 8, 2, seed=3), T.Q5_K)]
-    assert q8k_kernels.q8k_segments_linear(x, parts, out, packed=[True, False])
+    other = rows_of(T.Q5_K, 8, 2, seed=3)
+    parts = q8k_kernels.Q8Parts([q8k_kernels.pack_tiles(raw, qtype), other],
+                                [int(qtype), int(T.Q5_K)], [True, False])
+    q8k_kernels.q8k_parts_linear(x, parts, out)
     ref, magnitude = q8k_matmul_reference(x, raw, qtype)
     assert_close(out[:, :112], ref, magnitude)
-    assert torch.equal(out[:, 112:], q8k_kernels.q8k_linear(x, parts[1][0], T.Q5_K))
+    assert torch.equal(out[:, 112:], q8k_kernels.q8k_linear(x, other, T.Q5_K))
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,7 @@ from inference_engine_gguf.dequant import dequantize
 
 __all__ = ["PACKED_TYPES", "Q80_TYPES", "Q8K_TYPES", "TILE_ROWS", "Q8Parts", "kernel", "pack_tiles",
            "packing_available", "q8k_linear", "q8k_linear_reference", "q8k_parts_linear",
-           "q8k_segments_linear", "quantize_q8_k", "unpack_tiles"]
+           "quantize_q8_k", "unpack_tiles"]
 
 T = GGMLQuantizationType
 
@@ -734,6 +734,28 @@ void quantize_row_q8_0(const float* x, int64_t k, int8_t* qs, float* d, int32_t*
   }
 }
 
+// Every row of x [M, K] float32 quantized by row_fn on the pool: (qs int8 [M, K], d float32
+// [M, K / block], sums [M, K / sum_group] of type S).
+template <typename S, class RowFn>
+std::vector<torch::Tensor> quantize_rows(const torch::Tensor& x, int64_t block, int64_t sum_group,
+                                         const RowFn& row_fn) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.stride(1) == 1);
+  const int64_t m = x.size(0), k = x.size(1);
+  TORCH_CHECK(k % block == 0, "K=", k, " is not a multiple of ", block);
+  auto qs = torch::empty({m, k}, torch::dtype(torch::kInt8));
+  auto d = torch::empty({m, k / block}, torch::dtype(torch::kFloat32));
+  auto sums = torch::empty({m, k / sum_group}, torch::dtype(c10::CppTypeToScalarType<S>::value));
+  const float* xp = x.data_ptr<float>();
+  const int64_t ldx = x.stride(0);
+  int8_t* qp = qs.data_ptr<int8_t>();
+  float* dp = d.data_ptr<float>();
+  S* sp = sums.template data_ptr<S>();
+  parallel_tasks(m, [&](int64_t r) {
+    row_fn(xp + r * ldx, k, qp + r * k, dp + r * (k / block), sp + r * (k / sum_group));
+  });
+  return {qs, d, sums};
+}
+
 }  // namespace
 
 // Whether q8k_packed_matmul_into exists in this build (AVX512-BW + VNNI).
@@ -811,21 +833,7 @@ void q8k_packed_matmul_into(torch::Tensor qs, torch::Tensor d, torch::Tensor bsu
 // x [M, K] float32 (rows contiguous) -> (qs int8 [M, K], d float32 [M, K/256],
 // bsums int16 [M, K/16]): ggml's quantize_row_q8_K_ref on each row.
 std::vector<torch::Tensor> quantize_q8k(torch::Tensor x) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.stride(1) == 1);
-  const int64_t m = x.size(0), k = x.size(1);
-  TORCH_CHECK(k % 256 == 0, "K=", k, " is not a multiple of 256");
-  auto qs = torch::empty({m, k}, torch::dtype(torch::kInt8));
-  auto d = torch::empty({m, k / 256}, torch::dtype(torch::kFloat32));
-  auto bs = torch::empty({m, k / 16}, torch::dtype(torch::kInt16));
-  const float* xp = x.data_ptr<float>();
-  const int64_t ldx = x.stride(0);
-  int8_t* qp = qs.data_ptr<int8_t>();
-  float* dp = d.data_ptr<float>();
-  int16_t* bp = bs.data_ptr<int16_t>();
-  parallel_tasks(m, [&](int64_t r) {
-    quantize_row_q8k(xp + r * ldx, k, qp + r * k, dp + r * (k / 256), bp + r * (k / 16));
-  });
-  return {qs, d, bs};
+  return quantize_rows<int16_t>(x, 256, 16, quantize_row_q8k);
 }
 
 // out [M, N] float32 (rows may be strided: a column slice) = Q8_K activations (qs, d,
@@ -869,21 +877,7 @@ void q8k_matmul_into(torch::Tensor qs, torch::Tensor d, torch::Tensor bsums, tor
 // x [M, K] float32 (rows contiguous) -> (qs int8 [M, K], d float32 [M, K/32], sums int32
 // [M, K/32]): llama.cpp's x86 quantize_row_q8_0 on each row.
 std::vector<torch::Tensor> quantize_q8_0(torch::Tensor x) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.stride(1) == 1);
-  const int64_t m = x.size(0), k = x.size(1);
-  TORCH_CHECK(k % 32 == 0, "K=", k, " is not a multiple of 32");
-  auto qs = torch::empty({m, k}, torch::dtype(torch::kInt8));
-  auto d = torch::empty({m, k / 32}, torch::dtype(torch::kFloat32));
-  auto sums = torch::empty({m, k / 32}, torch::dtype(torch::kInt32));
-  const float* xp = x.data_ptr<float>();
-  const int64_t ldx = x.stride(0);
-  int8_t* qp = qs.data_ptr<int8_t>();
-  float* dp = d.data_ptr<float>();
-  int32_t* sp = sums.data_ptr<int32_t>();
-  parallel_tasks(m, [&](int64_t r) {
-    quantize_row_q8_0(xp + r * ldx, k, qp + r * k, dp + r * (k / 32), sp + r * (k / 32));
-  });
-  return {qs, d, sums};
+  return quantize_rows<int32_t>(x, 32, 32, quantize_row_q8_0);
 }
 
 // out [M, N] float32 (unit column stride) = Q8_0 activations . packed Q8_0 (8) or Q4_0 (2)
@@ -971,9 +965,9 @@ _CFLAGS = ("-ffp-contract=off",)
 def kernel() -> Any | None:
     """The compiled extension, or None where it cannot be built or is turned off."""
     return load_pooled_extension(
-        "inference_engine_gguf_q8k_v23", _SOURCE,
-        ["quantize_q8k", "q8k_matmul_into", "ggml_linear_q8k", "packed_available",
-         "q8k_packed_matmul_into", "q8k_parts_into", "quantize_q8_0", "q80_packed_matmul_into"],
+        "inference_engine_gguf_q8k_v25", _SOURCE,
+        ["quantize_q8k", "quantize_q8_0", "ggml_linear_q8k", "q8k_parts_into",
+         "packed_available"],
         description="the CPU K-quant x Q8_K kernel", extra_cflags=_CFLAGS)
 
 
@@ -1037,31 +1031,6 @@ def q8k_linear(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType) 
         return q8k_linear_reference(x2, raw, qtype).reshape(*lead, raw.shape[0])
     y = ext.ggml_linear_q8k(x2.contiguous(), raw.contiguous(), int(qtype))
     return y.reshape(*lead, y.shape[-1])
-
-
-def q8k_segments_linear(x: torch.Tensor, parts: list[tuple[torch.Tensor, GGMLQuantizationType]],
-                        out: torch.Tensor, packed: list[bool] | None = None) -> bool:
-    """``out[:, cols] = Q8_K(x) @ W_i.T`` for consecutive column blocks ``parts`` (weights,
-    type), quantizing ``x [T, K]`` once. ``packed[i]`` says part i holds
-    :func:`pack_tiles` tiles (``N / 16`` of them) rather than raw rows. Returns False
-    (nothing written) unless the kernel is built and every part is a K-quant, ``x`` and
-    ``out`` float32 on CPU."""
-    ext = kernel() if x.device.type == "cpu" else None
-    if (ext is None or x.dim() != 2 or x.dtype != torch.float32 or out.dtype != torch.float32
-            or any(qtype not in Q8K_TYPES for _, qtype in parts)):
-        return False
-    qs, d, bsums = ext.quantize_q8k(x if x.stride(-1) == 1 else x.contiguous())
-    col = 0
-    for i, (weights, qtype) in enumerate(parts):
-        if packed is not None and packed[i]:
-            n = weights.shape[0] * TILE_ROWS
-            ext.q8k_packed_matmul_into(qs, d, bsums, weights, int(qtype), out[:, col : col + n])
-        else:
-            n = weights.shape[0]
-            ext.q8k_matmul_into(qs, d, bsums, weights.contiguous(), int(qtype),
-                                out[:, col : col + n])
-        col += n
-    return True
 
 
 @dataclass(frozen=True, slots=True)
