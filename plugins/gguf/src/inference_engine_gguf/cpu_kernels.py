@@ -28,8 +28,8 @@ import torch
 from gguf.constants import GGMLQuantizationType
 from inference_engine.cpu_thread_pool import load_pooled_extension
 
-__all__ = ["GGML_HELPERS_CPP", "KERNEL_TYPES", "dequantize", "dequantize_rows", "ggml_linear",
-           "kernel", "supports"]
+__all__ = ["GGML_CFLAGS", "GGML_HELPERS_CPP", "KERNEL_TYPES", "dequantize", "dequantize_rows",
+           "ggml_linear", "ggml_source", "kernel", "load_ggml_extension", "supports"]
 
 T = GGMLQuantizationType
 
@@ -563,18 +563,32 @@ torch::Tensor ggml_dequantize(torch::Tensor raw, int64_t qtype) {
 }
 """
 
-_SOURCE = _SOURCE.replace("GGML_HELPERS", GGML_HELPERS_CPP)
+# NOTE: no FMA contraction, so scales and dequantized values round exactly as ggml's C
+# (and gguf.quants) do.
+GGML_CFLAGS = ("-ffp-contract=off",)
 
-# NOTE: no FMA contraction, so the dequantization rounds exactly as ggml/gguf.quants do.
-_CFLAGS = ("-ffp-contract=off",)
+
+def ggml_source(source: str) -> str:
+    """A GGML kernel's C++ with its ``GGML_HELPERS`` line filled in (done once, at import)."""
+    return source.replace("GGML_HELPERS", GGML_HELPERS_CPP)
+
+
+def load_ggml_extension(name: str, source: str, functions: list[str],
+                        description: str) -> Any | None:
+    """:func:`load_pooled_extension` with :data:`GGML_CFLAGS`: the module, or None."""
+    return load_pooled_extension(name, source, functions, description=description,
+                                 extra_cflags=GGML_CFLAGS)
+
+
+_SOURCE = ggml_source(_SOURCE)
 
 
 def kernel() -> Any | None:
     """The compiled extension, or None where it cannot be built or is turned off."""
-    return load_pooled_extension(
+    return load_ggml_extension(
         "inference_engine_gguf_ggml_matmul_v10", _SOURCE,
         ["ggml_linear", "ggml_dequantize_rows", "ggml_dequantize"],
-        description="the CPU GGML block matmul kernel", extra_cflags=_CFLAGS)
+        "the CPU GGML block matmul kernel")
 
 
 def supports(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType) -> bool:

@@ -31,9 +31,8 @@ from typing import Any
 
 import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-from inference_engine.cpu_thread_pool import load_pooled_extension
 
-from inference_engine_gguf.cpu_kernels import GGML_HELPERS_CPP
+from inference_engine_gguf.cpu_kernels import ggml_source, load_ggml_extension
 from inference_engine_gguf.dequant import dequantize
 
 __all__ = ["PACKED_TYPES", "Q80_TYPES", "Q8K_TYPES", "TILE_ROWS", "Q8Parts", "kernel", "pack_tiles",
@@ -956,19 +955,16 @@ torch::Tensor ggml_linear_q8k(torch::Tensor x, torch::Tensor raw, int64_t qtype)
 }
 """
 
-_SOURCE = _SOURCE.replace("GGML_HELPERS", GGML_HELPERS_CPP)
-
-# NOTE: no FMA contraction: the Q8_K scale and quants round exactly as ggml's reference C.
-_CFLAGS = ("-ffp-contract=off",)
+_SOURCE = ggml_source(_SOURCE)
 
 
 def kernel() -> Any | None:
     """The compiled extension, or None where it cannot be built or is turned off."""
-    return load_pooled_extension(
+    return load_ggml_extension(
         "inference_engine_gguf_q8k_v25", _SOURCE,
         ["quantize_q8k", "quantize_q8_0", "ggml_linear_q8k", "q8k_parts_into",
          "packed_available"],
-        description="the CPU K-quant x Q8_K kernel", extra_cflags=_CFLAGS)
+        "the CPU K-quant x Q8_K kernel")
 
 
 def quantize_q8_k(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -35,10 +35,17 @@ import torch
 from inference_engine.cpu_thread_pool import load_pooled_extension
 
 __all__ = ["KERNEL_CACHE_DTYPES", "SIMD_HELPERS_CPP", "decode_kernel", "paged_decode_attention",
-           "write_kv_rows"]
+           "reads_cache", "write_kv_rows"]
 
 # Cache dtypes the kernels read and write.
 KERNEL_CACHE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def reads_cache(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """What the decode and prefill kernels share: float32 queries on CPU, a cache of
+    :data:`KERNEL_CACHE_DTYPES` in blocks of at most 16 tokens."""
+    return (query.device.type == "cpu" and query.dtype == torch.float32
+            and k_cache.dtype in KERNEL_CACHE_DTYPES and k_cache.shape[1] <= 16)
 
 SIMD_HELPERS_CPP = r"""
 inline float to_float(float x) { return x; }
@@ -449,9 +456,7 @@ def paged_decode_attention(
         block_tables: ``[n, >= blocks in use]`` int64.
         seq_lens: ``[n]`` int64 context lengths including the new token.
     """
-    if (query.device.type != "cpu" or query.dtype != torch.float32
-            or k_cache.dtype not in KERNEL_CACHE_DTYPES or query.shape[1] > 256
-            or k_cache.shape[1] > 16):
+    if not reads_cache(query, k_cache) or query.shape[1] > 256:
         return None
     module = decode_kernel()
     if module is None:

@@ -24,10 +24,7 @@ from typing import Any
 
 import torch
 
-from inference_engine.builtin.attention.cpu_decode_kernel import (
-    KERNEL_CACHE_DTYPES,
-    SIMD_HELPERS_CPP,
-)
+from inference_engine.builtin.attention.cpu_decode_kernel import SIMD_HELPERS_CPP, reads_cache
 from inference_engine.cpu_thread_pool import load_pooled_extension
 
 __all__ = ["paged_prefill_attention", "prefill_kernel"]
@@ -266,9 +263,7 @@ def paged_prefill_attention(
         block_tables: ``[S, >= blocks in use]`` int64, one row per chunk.
         query_lens: tokens of each chunk; ``seq_lens``: its sequence's length after it.
     """
-    if (query.device.type != "cpu" or query.dtype != torch.float32
-            or k_cache.dtype not in KERNEL_CACHE_DTYPES or query.shape[-1] not in _HEAD_SIZES
-            or k_cache.shape[1] > 16):
+    if not reads_cache(query, k_cache) or query.shape[-1] not in _HEAD_SIZES:
         return None
     module = prefill_kernel()
     if module is None:
