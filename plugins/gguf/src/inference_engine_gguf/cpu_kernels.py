@@ -72,6 +72,18 @@ inline float f16(const uint8_t* p) {
 #endif
 }
 
+// The 16 six-bit scales of a Q3_K block (packed in its bytes 96..107), still + 32.
+inline void q3k_scales(const uint8_t* b, int8_t* scales) {
+  uint32_t aux[4];
+  std::memcpy(aux, b + 96, 12);
+  const uint32_t kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f, tmp = aux[2];
+  aux[2] = ((aux[0] >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
+  aux[3] = ((aux[1] >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
+  aux[0] = (aux[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
+  aux[1] = (aux[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
+  std::memcpy(scales, aux, 16);
+}
+
 // The 6-bit scale and min of sub-block j of a Q4_K / Q5_K block (12 packed bytes at q).
 inline void scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
   if (j < 4) {
@@ -84,8 +96,9 @@ inline void scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
 }
 """
 """C++ shared by the GGML kernels: ``f16(const uint8_t*)`` (a little-endian IEEE half at a
-byte address, as float; F16C where the compiler targets it) and ``scale_min_k4`` (a Q4_K /
-Q5_K sub-block's 6-bit scale and min). Also used by :mod:`inference_engine_gguf.q8k_kernels`."""
+byte address, as float; F16C where the compiler targets it), ``q3k_scales`` (a Q3_K block's
+scales) and ``scale_min_k4`` (a Q4_K / Q5_K sub-block's 6-bit scale and min). Also used by
+:mod:`inference_engine_gguf.q8k_kernels`."""
 
 _SOURCE = r"""
 #include <torch/extension.h>
@@ -182,15 +195,8 @@ void dq_q3_k(const uint8_t* b, float* y) {
   const uint8_t* hm = b;
   const uint8_t* q = b + 32;
   const float d_all = f16(b + 108);
-  uint32_t aux[4];
-  std::memcpy(aux, b + 96, 12);
-  const uint32_t kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f, tmp = aux[2];
-  aux[2] = ((aux[0] >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
-  aux[3] = ((aux[1] >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
-  aux[0] = (aux[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
-  aux[1] = (aux[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
   int8_t scales[16];
-  std::memcpy(scales, aux, 16);
+  q3k_scales(b, scales);
   int is = 0;
   uint8_t m = 1;
   for (int n = 0; n < 256; n += 128) {
@@ -586,7 +592,7 @@ _SOURCE = ggml_source(_SOURCE)
 def kernel() -> Any | None:
     """The compiled extension, or None where it cannot be built or is turned off."""
     return load_ggml_extension(
-        "inference_engine_gguf_ggml_matmul_v10", _SOURCE,
+        "inference_engine_gguf_ggml_matmul_v11", _SOURCE,
         ["ggml_linear", "ggml_dequantize_rows", "ggml_dequantize"],
         "the CPU GGML block matmul kernel")
 

@@ -254,15 +254,8 @@ void prep_q2_k(const uint8_t* b, Prepared* p) {
 
 void prep_q3_k(const uint8_t* b, Prepared* p) {
   p->d = p->dm = f16(b + 108);
-  uint32_t aux[4];
-  std::memcpy(aux, b + 96, 12);
-  const uint32_t kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f, tmp = aux[2];
-  aux[2] = ((aux[0] >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
-  aux[3] = ((aux[1] >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
-  aux[0] = (aux[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
-  aux[1] = (aux[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
   int8_t scales[16];
-  std::memcpy(scales, aux, 16);
+  q3k_scales(b, scales);
   for (int g = 0; g < 16; ++g) {
     p->scale[g] = scales[g] - 32;
     p->offset[g] = (int16_t)(4 * (scales[g] - 32));  // quant = w - 4
@@ -757,6 +750,19 @@ std::vector<torch::Tensor> quantize_rows(const torch::Tensor& x, int64_t block, 
 
 }  // namespace
 
+// The shapes a packed matmul needs (quants [M, K], tiles [N/16, row_bytes] of
+// row_bytes each, out float32 [M, N] with unit column stride); false if there is no work.
+bool check_packed(const torch::Tensor& qs, const torch::Tensor& packed, const torch::Tensor& out,
+                  int64_t row_bytes) {
+  TORCH_CHECK(qs.dim() == 2 && qs.scalar_type() == torch::kInt8 && qs.is_contiguous());
+  TORCH_CHECK(packed.dim() == 2 && packed.is_contiguous() && packed.size(1) == row_bytes,
+              "packed rows do not match K");
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == qs.size(0) && out.size(1) == packed.size(0) * 16 &&
+              out.stride(1) == 1 && out.scalar_type() == torch::kFloat32,
+              "out: float32 [M, N], unit column stride");
+  return qs.size(0) > 0 && packed.size(0) > 0;
+}
+
 // Whether q8k_packed_matmul_into exists in this build (AVX512-BW + VNNI).
 bool packed_available() {
 #if defined(Q8K_PACKED)
@@ -772,16 +778,11 @@ void q8k_packed_matmul_into(torch::Tensor qs, torch::Tensor d, torch::Tensor bsu
                             torch::Tensor packed, int64_t qtype, torch::Tensor out) {
 #if defined(Q8K_PACKED)
   TORCH_CHECK(qtype >= 12 && qtype <= 14, "packed tiles exist for Q4_K, Q5_K and Q6_K only");
-  TORCH_CHECK(qs.dim() == 2 && qs.scalar_type() == torch::kInt8 && qs.is_contiguous());
-  TORCH_CHECK(d.is_contiguous() && bsums.is_contiguous() && packed.is_contiguous());
+  TORCH_CHECK(d.is_contiguous() && bsums.is_contiguous());
   const bool q6 = qtype == 14, q5 = qtype == 13;
   const int64_t tile_bytes = q6 ? kQ6KTile : (q5 ? kQ5KTile : kQ4KTile);
   const int64_t m = qs.size(0), k = qs.size(1), nb = k / 256, tiles = packed.size(0);
-  TORCH_CHECK(packed.dim() == 2 && packed.size(1) == nb * tile_bytes, "packed rows do not match K");
-  TORCH_CHECK(out.dim() == 2 && out.size(0) == m && out.size(1) == tiles * 16 &&
-              out.stride(1) == 1 && out.scalar_type() == torch::kFloat32,
-              "out: float32 [M, N], unit column stride");
-  if (m == 0 || tiles == 0) return;
+  if (!check_packed(qs, packed, out, nb * tile_bytes)) return;
   // Per (row, block): Q4_K's pair sums ps[s] = bsum[2s] + bsum[2s+1] as int16 pairs
   // (ps[4t], ps[4t+2]), (ps[4t+1], ps[4t+3]) for t = 0, 1; then Q6_K's bsum pairs
   // (bs[4j], bs[4j+2]), (bs[4j+1], bs[4j+3]) for j = 0..3.
@@ -885,16 +886,11 @@ void q80_packed_matmul_into(torch::Tensor qs, torch::Tensor d, torch::Tensor sum
                             torch::Tensor packed, int64_t qtype, torch::Tensor out) {
 #if defined(Q8K_PACKED)
   TORCH_CHECK(qtype == 8 || qtype == 2, "Q8_0 activations pair with Q8_0 and Q4_0 tiles");
-  TORCH_CHECK(qs.dim() == 2 && qs.scalar_type() == torch::kInt8 && qs.is_contiguous());
-  TORCH_CHECK(d.is_contiguous() && sums.is_contiguous() && packed.is_contiguous());
+  TORCH_CHECK(d.is_contiguous() && sums.is_contiguous());
   const bool q4 = qtype == 2;
   const int64_t tile_bytes = q4 ? 288 : 544;
   const int64_t m = qs.size(0), k = qs.size(1), nb = k / 32, tiles = packed.size(0);
-  TORCH_CHECK(packed.dim() == 2 && packed.size(1) == nb * tile_bytes, "packed rows do not match K");
-  TORCH_CHECK(out.dim() == 2 && out.size(0) == m && out.size(1) == tiles * 16 &&
-              out.stride(1) == 1 && out.scalar_type() == torch::kFloat32,
-              "out: float32 [M, N], unit column stride");
-  if (m == 0 || tiles == 0) return;
+  if (!check_packed(qs, packed, out, nb * tile_bytes)) return;
   const Q80Acts a{qs.data_ptr<int8_t>(), d.data_ptr<float>(), sums.data_ptr<int32_t>(), k, nb};
   const uint8_t* pp = packed.data_ptr<uint8_t>();
   float* yp = out.data_ptr<float>();
@@ -961,7 +957,7 @@ _SOURCE = ggml_source(_SOURCE)
 def kernel() -> Any | None:
     """The compiled extension, or None where it cannot be built or is turned off."""
     return load_ggml_extension(
-        "inference_engine_gguf_q8k_v25", _SOURCE,
+        "inference_engine_gguf_q8k_v26", _SOURCE,
         ["quantize_q8k", "quantize_q8_0", "ggml_linear_q8k", "q8k_parts_into",
          "packed_available"],
         "the CPU K-quant x Q8_K kernel")
