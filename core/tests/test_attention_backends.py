@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from inference_engine.builtin.attention import paged
 from inference_engine.builtin.attention.cpu_decode_kernel import decode_kernel
-from inference_engine.builtin.attention.paged import PagedAttentionBackend
+from inference_engine.builtin.attention.cpu_paged import CpuPagedAttentionBackend
 from inference_engine.builtin.attention.torch_sdpa import TorchSDPABackend
 from inference_engine.interfaces.attention import AttentionMetadata
 
@@ -107,14 +107,14 @@ def torch_decode_path(monkeypatch):
     monkeypatch.setattr(paged, "paged_decode_attention", lambda *args: None)
 
 
-@pytest.mark.parametrize("backend_cls", [TorchSDPABackend, PagedAttentionBackend, "paged-torch"])
+@pytest.mark.parametrize("backend_cls", [TorchSDPABackend, CpuPagedAttentionBackend, "paged-torch"])
 @pytest.mark.parametrize("sliding_window", [None, 3])
 def test_mixed_batch_matches_reference(backend_cls, sliding_window, request):
     # (cached context, new tokens): two decodes, a fresh prefill, a chunk after cached context.
     shapes = [(6, 1), (1, 1), (0, 7), (5, 4)]
     if backend_cls == "paged-torch":
         request.getfixturevalue("torch_decode_path")
-        backend_cls = PagedAttentionBackend
+        backend_cls = CpuPagedAttentionBackend
     backend = backend_cls(HEADS, DIM, KV_HEADS, 1 / math.sqrt(DIM), sliding_window)
     check_batch(backend, shapes, 2, sliding_window)
 
@@ -124,7 +124,7 @@ def test_cpu_decode_kernel_matches_reference(sliding_window):
     """The C++ kernel reads blocks in place from the strided pool, long and short contexts."""
     assert decode_kernel() is not None, "the CPU decode kernel failed to build (see the log)"
     shapes = [(c, 1) for c in (0, 3, 40, 17, 64, 9, 1, 33)]
-    backend = PagedAttentionBackend(HEADS, DIM, KV_HEADS, 1 / math.sqrt(DIM), sliding_window)
+    backend = CpuPagedAttentionBackend(HEADS, DIM, KV_HEADS, 1 / math.sqrt(DIM), sliding_window)
     check_batch(backend, shapes, len(shapes), sliding_window, seed=5)
 
 
@@ -134,7 +134,7 @@ def test_decodes_grouped_by_length_match_reference(monkeypatch, torch_decode_pat
     """Decodes of very different lengths split into several groups, plus a prefill after them."""
     monkeypatch.setattr(paged, "GROUP_SPLIT_MIN_SAVING", 0)
     shapes = [(3, 1), (40, 1), (0, 1), (17, 1), (41, 1), (9, 1), (25, 1), (0, 6)]
-    backend = PagedAttentionBackend(HEADS, DIM, KV_HEADS, 1 / math.sqrt(DIM), sliding_window)
+    backend = CpuPagedAttentionBackend(HEADS, DIM, KV_HEADS, 1 / math.sqrt(DIM), sliding_window)
     md = check_batch(backend, shapes, 7, sliding_window, seed=3)
     assert len(md.backend_cache["paged_decode_groups"]) > 2
 
@@ -168,7 +168,7 @@ def test_single_decode_fast_path():
         seq_lens=torch.tensor([10]), slot_mapping=torch.tensor([7 * BLOCK + 1]),
         block_tables=table[None], block_size=BLOCK, query_lens_list=[1], seq_lens_list=[10],
     )
-    backend = PagedAttentionBackend(HEADS, DIM, KV_HEADS, 1 / math.sqrt(DIM))
+    backend = CpuPagedAttentionBackend(HEADS, DIM, KV_HEADS, 1 / math.sqrt(DIM))
     out = backend.forward(q, kk[9:], vv[9:], (k_cache, v_cache), md)
     torch.testing.assert_close(out, reference(q, kk, vv), atol=1e-5, rtol=1e-5)
 
@@ -184,7 +184,7 @@ def test_cpu_decode_kernel_long_contexts_on_either_thread_pool(runner):
         pytest.skip("the pool did not build")
     with cpu_thread_pool.kernel_runner(module, use_pool=runner == "pool"):
         shapes = [(c, 1) for c in (4100, 3000, 7, 2000)]  # > 2^18 multiply-adds
-        backend = PagedAttentionBackend(HEADS, DIM, KV_HEADS, 1 / math.sqrt(DIM), None)
+        backend = CpuPagedAttentionBackend(HEADS, DIM, KV_HEADS, 1 / math.sqrt(DIM), None)
         check_batch(backend, shapes, len(shapes), None, seed=11)
 
 
@@ -273,7 +273,7 @@ def test_paged_backend_with_a_bfloat16_cache_matches_reference():
     shapes = [(6, 1), (33, 1), (0, 7), (5, 4)]
     num_blocks = sum(-(-(c + n) // BLOCK) for c, n in shapes) + 2
     k_cache, v_cache = _bf16_pool(num_blocks, KV_HEADS, DIM)
-    backend = PagedAttentionBackend(HEADS, DIM, KV_HEADS, 1 / math.sqrt(DIM), None)
+    backend = CpuPagedAttentionBackend(HEADS, DIM, KV_HEADS, 1 / math.sqrt(DIM), None)
     perm = (torch.randperm(num_blocks - 1) + 1).tolist()
     tables, qs, ks, vs, full, slots, at = [], [], [], [], [], [], 0
     for cached, new in shapes:
@@ -388,5 +388,5 @@ def test_paged_backend_prefills_through_the_kernel(monkeypatch, sliding_window):
     monkeypatch.setattr(module, "DIM", 64)
     monkeypatch.setattr(module, "BLOCK", 16)
     shapes = [(6, 1), (40, 1), (0, 37), (20, 9), (0, 1)]
-    backend = PagedAttentionBackend(HEADS, 64, KV_HEADS, 1 / 8, sliding_window)
+    backend = CpuPagedAttentionBackend(HEADS, 64, KV_HEADS, 1 / 8, sliding_window)
     check_batch(backend, shapes, 2, sliding_window, seed=9)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from inference_engine.builtin.attention.paged import PagedAttentionBackend
+from inference_engine.builtin.attention.cpu_paged import CpuPagedAttentionBackend
 from inference_engine.builtin.attention.torch_sdpa import TorchSDPABackend
 from inference_engine.builtin.quant.unquantized import UnquantizedMethod
 from inference_engine.engine.kv_cache import KVCachePool
@@ -29,7 +29,7 @@ from inference_engine.interfaces.model import ModelContext
 __all__ = ["BACKENDS", "Seq", "Twin", "assert_greedy_matches", "build_twin", "hf_greedy",
            "hf_logits", "make_step", "randomize", "run_step", "saved_tensors"]
 
-BACKENDS = {"torch_sdpa": TorchSDPABackend, "paged": PagedAttentionBackend}
+BACKENDS = {"torch_sdpa": TorchSDPABackend, "paged": CpuPagedAttentionBackend}
 
 
 def randomize(model: torch.nn.Module, seed: int = 0, std: float = 0.15) -> torch.nn.Module:

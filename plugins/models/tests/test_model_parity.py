@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 import transformers
-from inference_engine.builtin.attention.paged import PagedAttentionBackend
+from inference_engine.builtin.attention.cpu_paged import CpuPagedAttentionBackend
 from inference_engine.builtin.attention.torch_sdpa import TorchSDPABackend
 from inference_engine.interfaces.attention import KVCacheSpec
 from inference_engine.layers import Attention
@@ -30,7 +30,7 @@ ARCHS: dict[str, tuple[type, type, type]] = {
     "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, Qwen2ForCausalLM),
     "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, Qwen3ForCausalLM),
 }
-BACKENDS = {"torch_sdpa": TorchSDPABackend, "paged": PagedAttentionBackend}
+BACKENDS = {"torch_sdpa": TorchSDPABackend, "paged": CpuPagedAttentionBackend}
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 16

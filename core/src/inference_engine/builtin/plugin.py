@@ -20,9 +20,20 @@ def ie_register_platforms() -> list[Spec]:
 def ie_register_attention_backends() -> list[Spec]:
     return [
         Spec(
+            "triton",
+            "inference_engine.builtin.attention.triton:TritonAttentionBackend",
+            "Triton kernels over the paged pool: one launch per layer for a mixed batch "
+            "(GPU platforms)",
+        ),
+        Spec(
+            "cpu_paged",
+            "inference_engine.builtin.attention.cpu_paged:CpuPagedAttentionBackend",
+            "C++ CPU kernels reading the paged pool in place (CPU platform)",
+        ),
+        Spec(
             "paged",
-            "inference_engine.builtin.attention.paged:PagedAttentionBackend",
-            "Block-table attention with batched decode (default)",
+            "inference_engine.builtin.attention.cpu_paged:CpuPagedAttentionBackend",
+            "Former name of cpu_paged",
         ),
         Spec(
             "torch_sdpa",

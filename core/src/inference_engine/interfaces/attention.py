@@ -62,6 +62,14 @@ class AttentionMetadata:
     slot_offsets: torch.Tensor | None = None
     # Longest context among the decodes, so batched decode gathers no more blocks than needed.
     max_decode_seq_len: int = 0
+    # Host upper bounds for kernel grids: the longest query chunk and the longest context
+    # of the step. A captured (CUDA-graph) step sets them to the bucket's bounds, so
+    # backends size launches from these and never read a device tensor on the host.
+    max_query_len: int = 0
+    max_seq_len: int = 0
+    # Whether this step runs inside graph capture/replay: the rows past the real batch are
+    # padding (query length 1, context length 0, slot -1) and must write nothing.
+    is_graph_step: bool = False
     # Scratch for tensors a backend derives from this step's layout once and
     # reuses in every layer (keyed by the backend; cleared with the step).
     backend_cache: dict[str, Any] = field(default_factory=dict)
@@ -76,11 +84,26 @@ class AttentionBackend(ABC):
 
     Implementations write the new K/V into the cache at ``slot_mapping`` and
     attend each query to its sequence's cached context causally (within
-    ``sliding_window`` when set).
+    ``sliding_window`` when set). A negative slot is padding: nothing is written.
     """
 
     # Whether the backend honours ``sinks``; layers that need them refuse other backends.
     supports_sinks: bool = False
+    # Whether the backend honours ``sliding_window``.
+    supports_sliding_window: bool = True
+    # Whether ``forward`` is free of host synchronisation and host reads of device values,
+    # so a decode step through it can be captured in a CUDA graph.
+    graph_safe: bool = False
+
+    @classmethod
+    def supports_head_size(cls, head_dim: int) -> bool:
+        """Whether the backend's kernels handle ``head_dim``."""
+        return True
+
+    @classmethod
+    def supports_kv_cache_dtype(cls, dtype: torch.dtype) -> bool:
+        """Whether the backend reads and writes a cache of ``dtype``."""
+        return dtype in (torch.float32, torch.bfloat16, torch.float16)
     # [num_heads] learned per-head logits added to each softmax's denominator (gpt-oss
     # attention sinks), set by the attention layer; None for ordinary attention.
     sinks: torch.Tensor | None = None

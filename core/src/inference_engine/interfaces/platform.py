@@ -163,8 +163,36 @@ class Platform(ABC):  # noqa: B024 - every method has a working default
 
     # ---- kernels --------------------------------------------------------
     def attention_backends(self) -> list[str]:
-        """Attention backend names this platform can run, best first."""
-        return ["paged", "torch_sdpa"]
+        """Attention backend names this platform can run, best first.
+
+        ``attention_backend="auto"`` takes the first one that supports the layer
+        (head size, sinks, sliding window, KV cache dtype); ``torch_sdpa`` is the
+        portable reference every backend is tested against.
+        """
+        return ["torch_sdpa"]
+
+    def fused_op_kernels(self) -> list[str]:
+        """Implementations of the small fused layer ops (add+RMSNorm, SiLU*mul, rotary), best
+        first: ``"cpu"`` (C++ kernels), ``"triton"``, ``"torch"`` (always works).
+
+        Layers choose one when they are built, never per call.
+        """
+        return ["torch"]
+
+    def moe_kernels(self) -> list[str]:
+        """Fused-MoE expert kernels, best first: ``"triton"`` or ``"torch"`` (always works)."""
+        return ["torch"]
+
+    def supports_graph_capture(self) -> bool:
+        """Whether whole decode steps can be captured and replayed (CUDA/HIP graphs)."""
+        return False
+
+    def pinned_memory(self) -> bool:
+        """Whether host tensors should be page-locked for asynchronous uploads."""
+        return False
+
+    def synchronize(self) -> None:  # noqa: B027 - nothing to wait for on the host
+        """Wait for the device's queued work (timing, profiling)."""
 
     def fp8_gemm_kernels(self) -> list[str]:
         """FP8 x FP8 matmul paths the device runs natively, best first (empty: none)."""

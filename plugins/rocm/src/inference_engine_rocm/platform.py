@@ -101,6 +101,23 @@ class RocmPlatform(Platform):
             return []
         return [KERNEL_TRITON_MXFP4]
 
+    def attention_backends(self) -> list[str]:
+        backends = ["triton"] if self.supports_triton() else []
+        return [*backends, "torch_sdpa"]
+
+    def fused_op_kernels(self) -> list[str]:
+        return ["triton", "torch"] if self.supports_triton() else ["torch"]
+
+    def moe_kernels(self) -> list[str]:
+        return ["triton", "torch"] if self.supports_triton() else ["torch"]
+
+    def pinned_memory(self) -> bool:
+        return not self.info.simulated
+
+    def supports_graph_capture(self) -> bool:
+        # HIP graphs through torch.cuda.CUDAGraph on ROCm builds.
+        return not self.info.simulated
+
     def describe(self) -> dict:
         described = super().describe()
         described["gcn_arch_name"] = self.properties().arch

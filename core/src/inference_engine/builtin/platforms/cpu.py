@@ -74,6 +74,13 @@ class CpuPlatform(Platform):
         torch.set_flush_denormal(True)
         _keep_large_allocations_on_heap()
 
+    def attention_backends(self) -> list[str]:
+        # cpu_paged: the C++ kernels over the paged pool; torch_sdpa: the reference.
+        return ["cpu_paged", "torch_sdpa"]
+
+    def fused_op_kernels(self) -> list[str]:
+        return ["cpu", "torch"]
+
     def supports_triton(self) -> bool:
         # Triton has no CPU code generator; TRITON_INTERPRET=1 (tests) is not a backend.
         return False

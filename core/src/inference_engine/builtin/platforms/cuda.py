@@ -103,6 +103,25 @@ class CudaPlatform(Platform):
     def supports_triton(self) -> bool:
         return self.capability() >= MIN_CAPABILITY and triton_has_backend("nvidia")
 
+    def attention_backends(self) -> list[str]:
+        backends = ["triton"] if self.supports_triton() else []
+        return [*backends, "torch_sdpa"]
+
+    def fused_op_kernels(self) -> list[str]:
+        return ["triton", "torch"] if self.supports_triton() else ["torch"]
+
+    def moe_kernels(self) -> list[str]:
+        return ["triton", "torch"] if self.supports_triton() else ["torch"]
+
+    def supports_graph_capture(self) -> bool:
+        return not self.info.simulated
+
+    def pinned_memory(self) -> bool:
+        return not self.info.simulated
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device())
+
     def fp8_gemm_kernels(self) -> list[str]:
         if self.fp8_dtype() is None:
             return []

@@ -1,4 +1,7 @@
-"""Default backend: batched decode read through block tables, prefill per sequence.
+"""The CPU platform's backend: C++ kernels read the paged pool in place.
+
+Without the kernels (other dtypes, sinks, other devices) it falls back to
+torch: batched decode read through block tables, prefill per sequence.
 
 Decodes (query length one) are attended in a few batched calls over their
 gathered blocks: sequences are grouped by context length so a short sequence
@@ -34,7 +37,7 @@ from inference_engine.builtin.attention.cpu_prefill_kernel import (
 )
 from inference_engine.interfaces.attention import AttentionBackend, AttentionMetadata
 
-__all__ = ["DecodeGroup", "PagedAttentionBackend", "plan_decode_groups"]
+__all__ = ["DecodeGroup", "CpuPagedAttentionBackend", "plan_decode_groups"]
 
 # A group split must save at least this many padded key positions (summed over
 # the group's sequences) to pay for the extra gather + attention calls per layer.
@@ -75,10 +78,10 @@ def plan_decode_groups(seq_lens: list[int], block_size: int,
     return [order[a:b] for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
 
 
-class PagedAttentionBackend(AttentionBackend):
-    """Paged attention with a batched decode path."""
+class CpuPagedAttentionBackend(AttentionBackend):
+    """Paged attention with the CPU kernels and a batched torch decode path."""
 
-    name = "paged"
+    name = "cpu_paged"
     supports_sinks = True
 
     def forward(
