@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from inference_engine.builtin.attention import paged
+from inference_engine.builtin.attention import cpu_paged as paged
 from inference_engine.builtin.attention.cpu_decode_kernel import decode_kernel
 from inference_engine.builtin.attention.cpu_paged import CpuPagedAttentionBackend
 from inference_engine.builtin.attention.torch_sdpa import TorchSDPABackend
