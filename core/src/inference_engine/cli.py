@@ -93,11 +93,19 @@ def generate(
     top_k: Annotated[int, typer.Option(help="0 disables top-k.")] = 0,
     seed: Annotated[Optional[int], typer.Option(help="Per-request sampling seed.")] = None,
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "auto",
-    attention_backend: Annotated[str, typer.Option(help="Registered attention backend.")] = "paged",
+    attention_backend: Annotated[str, typer.Option(
+        help="Registered attention backend, or auto: the platform's best that supports each "
+             "layer (triton on GPUs, cpu_paged on CPU).")] = "auto",
     kv_cache_dtype: Annotated[str, typer.Option(
-        help="KV cache type: auto (a bfloat16 model caches bfloat16), float32 or bfloat16.")] = "auto",
+        help="KV cache type: auto (a bfloat16 model caches bfloat16), float32, bfloat16 or fp8 "
+             "(e4m3, on backends that support it).")] = "auto",
     block_size: Annotated[int, typer.Option(min=1, help="Tokens per KV block.")] = 16,
     kv_cache_memory: Annotated[Optional[int], typer.Option(help="KV pool bytes.")] = None,
+    gpu_memory_utilization: Annotated[float, typer.Option(
+        min=0.0, max=1.0, help="Fraction of GPU memory the engine may use; the KV cache gets "
+                               "what weights and a profiling forward leave.")] = 0.9,
+    enforce_eager: Annotated[bool, typer.Option(
+        help="Never capture CUDA graphs (every step eager).")] = False,
     ignore_eos: Annotated[bool, typer.Option(help="Do not stop at EOS.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per prompt per line.")] = False,
     quantization: Annotated[Optional[str], typer.Option(
@@ -121,7 +129,8 @@ def generate(
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                 top_k=top_k, seed=seed, ignore_eos=ignore_eos)
         llm = LLM(model, dtype=dtype, attention_backend=attention_backend, block_size=block_size,
-                  kv_cache_dtype=kv_cache_dtype,
+                  kv_cache_dtype=kv_cache_dtype, gpu_memory_utilization=gpu_memory_utilization,
+                  enforce_eager=enforce_eager,
                   kv_cache_memory=kv_cache_memory, show_progress=not as_json,
                   quantization=quantization, dequantize_at_load=dequantize_at_load,
                   quant_options=parse_key_values(quant_option, "--quant-option"),
@@ -237,16 +246,26 @@ def serve(
     max_model_len: Annotated[Optional[int], typer.Option(
         min=1, help="Context limit; default the model's.")] = None,
     block_size: Annotated[int, typer.Option(min=1, help="Tokens per KV block.")] = 16,
-    max_num_seqs: Annotated[int, typer.Option(min=1, help="Most sequences per step.")] = 128,
+    max_num_seqs: Annotated[Optional[int], typer.Option(
+        min=1, help="Most sequences per step; default 256 on GPUs, 128 on CPU.")] = None,
     max_num_batched_tokens: Annotated[int, typer.Option(
         min=1, help="Token budget of one step.")] = 2048,
     kv_cache_memory: Annotated[Optional[str], typer.Option(
-        help="KV pool size in bytes (512MiB, 4GiB); default a share of free memory.")] = None,
+        help="KV pool size in bytes (512MiB, 4GiB); overrides --gpu-memory-utilization; "
+             "default on CPU a share of free memory.")] = None,
+    gpu_memory_utilization: Annotated[float, typer.Option(
+        min=0.0, max=1.0, help="Fraction of GPU memory the engine may use; the KV cache gets "
+                               "what weights and a profiling forward leave.")] = 0.9,
+    enforce_eager: Annotated[bool, typer.Option(
+        help="Never capture CUDA graphs (every step eager).")] = False,
     enable_prefix_caching: Annotated[bool, typer.Option(
         help="Reuse cached prompt blocks across requests.")] = True,
-    attention_backend: Annotated[str, typer.Option(help="Registered attention backend.")] = "paged",
+    attention_backend: Annotated[str, typer.Option(
+        help="Registered attention backend, or auto: the platform's best that supports each "
+             "layer (triton on GPUs, cpu_paged on CPU).")] = "auto",
     kv_cache_dtype: Annotated[str, typer.Option(
-        help="KV cache type: auto (a bfloat16 model caches bfloat16), float32 or bfloat16.")] = "auto",
+        help="KV cache type: auto (a bfloat16 model caches bfloat16), float32, bfloat16 or fp8 "
+             "(e4m3, on backends that support it).")] = "auto",
     quantization: Annotated[Optional[str], typer.Option(
         help="Quantization method (fp8, ptpc_fp8, ...); default: the checkpoint's own.")] = None,
     dequantize_at_load: Annotated[bool, typer.Option(
@@ -288,6 +307,7 @@ def serve(
             model, dtype=dtype, max_model_len=max_model_len, block_size=block_size,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             kv_cache_memory=_parse_bytes(kv_cache_memory),
+            gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
             enable_prefix_caching=enable_prefix_caching, attention_backend=attention_backend,
             kv_cache_dtype=kv_cache_dtype, device_ids=device_ids, platform=platform, seed=seed,
             quantization=quantization, dequantize_at_load=dequantize_at_load,

@@ -27,7 +27,7 @@ __all__ = [
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # KV cache element types; "auto" is the checkpoint's dtype as run (see loader.kv_cache_dtype).
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "fp8", "fp8_e4m3")
 
 
 def plugin_filter_from_env() -> list[str] | None:
@@ -125,10 +125,13 @@ class ModelConfig:
     dtype: str = "auto"
     # Longest sequence (prompt + output) in tokens; None: the model's own limit.
     max_model_len: int | None = None
-    # Attention backend name as registered ("paged", "torch_sdpa").
-    attention_backend: str = "paged"
-    # KV cache element type: "auto", "float32" or "bfloat16".
+    # Attention backend name as registered ("triton", "cpu_paged", "torch_sdpa"), or "auto":
+    # the first of the platform's ``attention_backends()`` that supports each layer.
+    attention_backend: str = "auto"
+    # KV cache element type: "auto", "float32", "bfloat16" or "fp8" (e4m3, per-tensor scales).
     kv_cache_dtype: str = "auto"
+    # Never capture CUDA/HIP graphs: every step runs eagerly (vLLM's --enforce-eager).
+    enforce_eager: bool = False
     # Base seed for requests that set no seed of their own.
     seed: int = 0
 
@@ -148,8 +151,12 @@ class CacheConfig:
 
     # Tokens per KV block.
     block_size: int = 16
-    # Bytes for the KV pool; None: a fraction of free memory (see kv_cache.py).
+    # Bytes for the KV pool; None: sized from gpu_memory_utilization on platforms that can
+    # profile device memory, else a quarter of free memory capped at 4 GiB.
     kv_cache_memory: int | None = None
+    # Fraction of the device's memory this engine may use in all (weights, activations,
+    # graphs, KV pool); the KV pool gets what a profiling forward leaves.
+    gpu_memory_utilization: float = 0.9
     # Reuse full blocks across requests by chained block hash.
     enable_prefix_caching: bool = True
 
@@ -158,21 +165,24 @@ class CacheConfig:
             raise ValueError(f"--block-size must be positive, got {self.block_size}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError(f"--kv-cache-memory must be positive, got {self.kv_cache_memory}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got "
+                             f"{self.gpu_memory_utilization}")
 
 
 @dataclass
 class SchedulerConfig:
     """Continuous batching limits."""
 
-    # Most requests in one step.
-    max_num_seqs: int = 128
+    # Most requests in one step; None: the platform's default (256 on GPUs, 128 on CPU).
+    max_num_seqs: int | None = None
     # Token budget of one step (decodes + prefill chunks).
     max_num_batched_tokens: int = 2048
     # Split long prompts across steps; when off a prompt must fit the budget whole.
     enable_chunked_prefill: bool = True
 
     def __post_init__(self) -> None:
-        if self.max_num_seqs <= 0:
+        if self.max_num_seqs is not None and self.max_num_seqs <= 0:
             raise ValueError(f"--max-num-seqs must be positive, got {self.max_num_seqs}")
         if self.max_num_batched_tokens <= 0:
             raise ValueError(

@@ -82,11 +82,17 @@ def bench_command(
     output_len: Annotated[int, typer.Option(min=1, help="Generated tokens per request.")] = 128,
     seed: Annotated[int, typer.Option(help="Seed of the random prompts.")] = 0,
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "auto",
-    max_num_seqs: Annotated[int, typer.Option(min=1, help="Most sequences per step.")] = 128,
+    max_num_seqs: Annotated[Optional[int], typer.Option(  # noqa: UP045
+        min=1, help="Most sequences per step; default 256 on GPUs, 128 on CPU.")] = None,
     kv_cache_memory: Annotated[Optional[int], typer.Option(  # noqa: UP045 - typer needs Optional
         help="KV pool bytes; default a share of free memory.")] = None,
     kv_cache_dtype: Annotated[str, typer.Option(
-        help="KV cache type: auto (a bfloat16 model caches bfloat16), float32 or bfloat16.")] = "auto",
+        help="KV cache type: auto (a bfloat16 model caches bfloat16), float32, bfloat16 or "
+             "fp8.")] = "auto",
+    gpu_memory_utilization: Annotated[float, typer.Option(
+        min=0.0, max=1.0, help="Fraction of GPU memory the engine may use.")] = 0.9,
+    enforce_eager: Annotated[bool, typer.Option(
+        help="Never capture CUDA graphs (every step eager).")] = False,
     quantization: Annotated[Optional[str], typer.Option(  # noqa: UP045
         help="Registered quantization method.")] = None,
     quant_option: Annotated[Optional[list[str]], typer.Option(  # noqa: UP045
@@ -103,6 +109,8 @@ def bench_command(
 
     kwargs: dict[str, Any] = {"dtype": dtype, "max_num_seqs": max_num_seqs,
                               "kv_cache_memory": kv_cache_memory, "kv_cache_dtype": kv_cache_dtype,
+                              "gpu_memory_utilization": gpu_memory_utilization,
+                              "enforce_eager": enforce_eager,
                               "device_ids": device_ids,
                               "platform": platform}
     if quantization is not None:

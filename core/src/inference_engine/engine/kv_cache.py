@@ -249,12 +249,17 @@ def num_blocks_for_memory(memory_bytes: int, bytes_per_block: int) -> int:
 
 
 def log_capacity(num_blocks: int, block_size: int, bytes_per_block: int,
-                 dtypes: Sequence[torch.dtype] = ()) -> str:
+                 dtypes: Sequence[torch.dtype] = (), max_model_len: int | None = None) -> str:
+    """The start-up line: blocks, tokens, and how many full-length requests fit at once."""
     kinds = "/".join(sorted({str(d).removeprefix("torch.") for d in dtypes}))
+    tokens = (num_blocks - 1) * block_size
     message = (
         f"KV cache: {num_blocks - 1} blocks of {block_size} tokens "
         f"({bytes_per_block * num_blocks / 2**20:.1f} MiB{', ' + kinds if kinds else ''}), "
-        f"up to {(num_blocks - 1) * block_size} tokens in flight"
+        f"up to {tokens} tokens in flight"
     )
+    if max_model_len:
+        message += (f"; maximum concurrency for {max_model_len}-token requests: "
+                    f"{tokens / max_model_len:.2f}x")
     logger.info(message)
     return message

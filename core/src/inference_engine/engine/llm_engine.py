@@ -16,6 +16,7 @@ from inference_engine.engine.loader import load_model
 from inference_engine.engine.model_runner import ModelRunner
 from inference_engine.engine.request import FinishReason, Request
 from inference_engine.engine.scheduler import Scheduler, SchedulerOutput
+from inference_engine.interfaces.platform import MemoryProfiler
 from inference_engine.outputs import CompletionOutput, RequestOutput
 from inference_engine.platform_selection import select_platform, set_current_platform
 from inference_engine.sampling_params import SamplingParams
@@ -26,9 +27,12 @@ logger = logging.getLogger(__name__)
 
 PromptInput = str | dict[str, Any] | list[int]
 
-# Default KV pool: this share of free memory, capped.
+# Default KV pool where device memory is not profiled (the host): this share of free
+# memory, capped.
 DEFAULT_KV_FRACTION = 0.25
 DEFAULT_KV_CAP = 4 << 30
+# Kept out of the KV pool for the decode graphs' private memory pool.
+GRAPH_MEMORY_RESERVE = 512 << 20
 
 
 @dataclass
@@ -64,20 +68,25 @@ class LLMEngine:
         self.max_model_len = loaded.max_model_len
         self.dtype = loaded.dtype
         sched = config.scheduler
+        if sched.max_num_seqs is None:
+            sched.max_num_seqs = self.platform.default_max_num_seqs()
         block_size = config.cache.block_size
         self.runner = ModelRunner(
             self.model,
-            self.platform.device(),
+            self.platform,
             block_size,
             self.max_model_len,
             sched.max_num_seqs,
             sched.max_num_batched_tokens,
+            enforce_eager=config.model.enforce_eager,
         )
         bytes_per_block = KVCachePool.bytes_per_block_for(self.runner.kv_cache_specs(), block_size)
         num_blocks = self._num_blocks(bytes_per_block)
         pool = self.runner.allocate_kv_cache(num_blocks)
         self.capacity_message = log_capacity(num_blocks, block_size, pool.bytes_per_block,
-                                             [spec.dtype for spec in pool.specs])
+                                             [spec.dtype for spec in pool.specs],
+                                             self.max_model_len)
+        self.graphs_message = self.runner.capture_decode_graphs()
         self.blocks = BlockManager(num_blocks, block_size, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(sched, self.blocks, self.max_model_len)
         from inference_engine.sampling.sampler import Sampler
@@ -92,11 +101,14 @@ class LLMEngine:
     # ---- set-up -------------------------------------------------------------
     def _num_blocks(self, bytes_per_block: int) -> int:
         memory = self.config.cache.kv_cache_memory
-        if memory is None:
+        profiler = self.platform.memory_profiler()
+        if memory is None and profiler is not None:
+            memory = self._profiled_kv_memory(profiler)
+        elif memory is None:
             free, _total = self.platform.memory_info()
             memory = min(int(free * DEFAULT_KV_FRACTION), DEFAULT_KV_CAP) if free else 1 << 30
         num_blocks = memory // bytes_per_block
-        if self.config.cache.kv_cache_memory is None:
+        if self.config.cache.kv_cache_memory is None and profiler is None:
             # No point zero-filling more than every sequence at full length could use.
             per_seq = -(-self.max_model_len // self.config.cache.block_size)
             num_blocks = min(num_blocks, self.config.scheduler.max_num_seqs * per_seq + 1)
@@ -106,6 +118,36 @@ class LLMEngine:
                 f"bytes; at least 2 are needed"
             )
         return int(num_blocks)
+
+    def _profiled_kv_memory(self, profiler: MemoryProfiler) -> int:
+        """vLLM's sizing: run a forward at the step's token budget, then give the KV pool
+        what ``gpu_memory_utilization`` of the device leaves after weights, that peak,
+        memory outside torch's allocator and a reserve for decode graphs.
+
+        Raises:
+            ValueError: nothing is left for the pool (names the figures).
+        """
+        cache = self.config.cache
+        profiler.empty_cache()
+        profiler.reset_peak()
+        weights = profiler.allocated()
+        self.runner.profile_run(self.config.scheduler.max_num_batched_tokens)
+        peak = profiler.peak_allocated() - weights
+        profiler.empty_cache()
+        free, total = self.platform.memory_info()
+        non_torch = max(0, (total - free) - profiler.reserved())
+        graphs = GRAPH_MEMORY_RESERVE if self.runner.graphs_possible()[0] else 0
+        budget = int(total * cache.gpu_memory_utilization)
+        memory = budget - weights - peak - non_torch - graphs
+        summary = (f"{total / 2**30:.1f} GiB x {cache.gpu_memory_utilization} = "
+                   f"{budget / 2**30:.2f} GiB: weights {weights / 2**30:.2f} GiB, activation "
+                   f"peak {peak / 2**30:.2f} GiB, outside torch {non_torch / 2**30:.2f} GiB, "
+                   f"graphs {graphs / 2**30:.2f} GiB")
+        if memory <= 0:
+            raise ValueError(f"no memory is left for the KV cache ({summary}); raise "
+                             f"--gpu-memory-utilization or lower --max-num-batched-tokens")
+        logger.info("memory: %s; KV cache %.2f GiB", summary, memory / 2**30)
+        return memory
 
     # ---- requests -----------------------------------------------------------
     def tokenize_prompt(self, prompt: PromptInput) -> tuple[str | None, list[int]]:

@@ -72,7 +72,29 @@ def kv_cache_dtype(option: str, asked: torch.dtype, compute: torch.dtype) -> tor
     """
     if option == "auto":
         return asked if asked == torch.bfloat16 and compute == torch.float32 else compute
+    if option in ("fp8", "fp8_e4m3"):
+        return torch.float8_e4m3fn
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[option]
+
+
+def attention_backend_candidates(name: str, platform: Platform) -> list[type]:
+    """The backend classes layers may use: ``name``'s alone, or for ``auto`` the platform's
+    ``attention_backends()`` that are registered, best first (each layer takes the first
+    that supports it: head size, sinks, sliding window, cache dtype).
+
+    Raises:
+        UnknownNameError: ``name`` is not a registered backend.
+        ValueError: ``auto`` and the platform lists no registered backend.
+    """
+    registry = get_plugins().registry
+    if name != "auto":
+        return [registry.resolve("attention_backends", name)]
+    registered = set(registry.names("attention_backends"))
+    names = [n for n in platform.attention_backends() if n in registered]
+    if not names:
+        raise ValueError(f"attention_backend=auto: the {platform.name} platform lists "
+                         f"{platform.attention_backends()}, none of them registered")
+    return [registry.resolve("attention_backends", n) for n in names]
 
 
 def compute_dtype(dtype: torch.dtype, platform: Platform) -> torch.dtype:
@@ -156,14 +178,15 @@ def load_model(
     model_cls = registry.resolve("models", architecture)
     asked = requested_dtype(model_config.dtype, hf_config, platform)
     dtype = compute_dtype(asked, platform)
-    backend_cls = registry.resolve("attention_backends", model_config.attention_backend)
+    backends = attention_backend_candidates(model_config.attention_backend, platform)
     device = platform.device()
     max_len = model_config.max_model_len or getattr(hf_config, "max_position_embeddings", 2048)
     ctx = ModelContext(
         hf_config=hf_config,
         dtype=dtype,
         quant_method=_quant_method(quant, hf_config, path, platform),
-        attention_backend=backend_cls,
+        attention_backend=backends[0],
+        attention_backend_candidates=tuple(backends) if len(backends) > 1 else (),
         device=device,
         max_model_len=int(max_len),
         kv_cache_dtype=kv_cache_dtype(model_config.kv_cache_dtype, asked, dtype),

@@ -1,24 +1,39 @@
 """Builds each step's flattened batch and runs one forward over it.
 
 The batch has no padding: token ids, positions and cache slots of every
-scheduled request are laid end to end, decodes first. Inputs are prepared
-with numpy into persistent buffers, so per-step Python work grows with the
-number of requests, not the number of tokens.
+scheduled request are laid end to end, decodes first. Inputs are written with
+numpy into persistent packed buffers (:mod:`step_inputs`) and uploaded in one
+copy, and the rows that sample are known before the forward, so nothing in a
+step reads the device back until the sampled ids.
+
+Where the platform can capture graphs, pure-decode steps replay a graph
+captured at start-up for the smallest batch-size bucket that holds them:
+forward and logits in one launch, the rows past the real batch padded (one
+query, no context, slot -1, so they write nothing).
 """
 
 from __future__ import annotations
 
+import bisect
+import logging
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from inference_engine.engine.kv_cache import KVCachePool
 from inference_engine.engine.scheduler import SchedulerOutput
+from inference_engine.engine.step_inputs import StepInputBuffers
 from inference_engine.interfaces.attention import AttentionMetadata, KVCacheSpec
 from inference_engine.interfaces.model import CausalLM
+from inference_engine.interfaces.platform import Platform
 
-__all__ = ["ModelRunner", "StepLogits"]
+__all__ = ["ModelRunner", "StepBatch", "StepLogits", "graph_batch_sizes"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -33,32 +48,95 @@ class StepLogits:
     prompt_logits: dict[int, torch.Tensor]
 
 
+@dataclass
+class StepBatch:
+    """One step's work as plain data (what the scheduler's output boils down to)."""
+
+    # Per sequence: the token ids known so far (prompt + outputs).
+    token_ids: Sequence[Sequence[int]]
+    # Per sequence: tokens already in the cache, and tokens computed this step.
+    num_computed: list[int]
+    query_lens: list[int]
+    # Per sequence: physical block ids.
+    block_lists: Sequence[Sequence[int]]
+    # Sequences that sample a token after this step.
+    sample_rows: list[int]
+    # Sequences that want the logits of every position (prompt_logprobs).
+    prompt_rows: list[int]
+
+    @classmethod
+    def from_scheduler(cls, out: SchedulerOutput, block_lists: Sequence[Sequence[int]]
+                       ) -> StepBatch:
+        scheduled = out.scheduled
+        return cls(
+            token_ids=[s.request.all_token_ids for s in scheduled],
+            num_computed=[s.request.num_computed_tokens for s in scheduled],
+            query_lens=[s.num_new_tokens for s in scheduled],
+            block_lists=block_lists,
+            sample_rows=[i for i, s in enumerate(scheduled) if s.samples],
+            prompt_rows=[
+                i for i, s in enumerate(scheduled)
+                if s.request.params.prompt_logprobs is not None
+                and s.request.num_computed_tokens < s.request.num_prompt_tokens
+            ],
+        )
+
+    @property
+    def is_pure_decode(self) -> bool:
+        return not self.prompt_rows and all(q == 1 for q in self.query_lens)
+
+
 def attention_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Modules that keep a KV cache, in model order."""
     return [m for m in model.modules() if callable(getattr(m, "kv_cache_spec", None))]
 
 
+def graph_batch_sizes(max_num_seqs: int) -> list[int]:
+    """Decode batch sizes to capture: 1, 2, 4, 8, then every 8 up to ``max_num_seqs``
+    (vLLM's buckets), always including ``max_num_seqs`` itself."""
+    sizes = [s for s in (1, 2, 4) if s < max_num_seqs]
+    sizes += list(range(8, max_num_seqs, 8))
+    sizes.append(max_num_seqs)
+    return sorted(set(sizes))
+
+
+@dataclass
+class _DecodeGraph:
+    graph: Any
+    # [bucket, vocab] logits the replay writes.
+    logits: torch.Tensor
+
+
 class ModelRunner:
+    """Prepares inputs, runs the forward (eagerly or by graph replay), returns logits."""
+
     def __init__(
         self,
         model: CausalLM,
-        device: torch.device,
+        platform: Platform,
         block_size: int,
         max_model_len: int,
         max_num_seqs: int,
         max_num_batched_tokens: int,
+        enforce_eager: bool = False,
     ) -> None:
         self.model = model
-        self.device = device
+        self.platform = platform
+        self.device = platform.device()
         self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.max_num_seqs = max_num_seqs
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         self.layers = attention_layers(model)
         self.pool: KVCachePool | None = None
-        max_tokens = max_num_batched_tokens + max_num_seqs
-        self._input_ids = np.zeros(max_tokens, dtype=np.int64)
-        self._positions = np.zeros(max_tokens, dtype=np.int64)
-        self._block_tables = np.zeros((max_num_seqs, self.max_blocks_per_seq), dtype=np.int64)
+        self.enforce_eager = enforce_eager
+        self.buffers = StepInputBuffers(max_num_batched_tokens + max_num_seqs, max_num_seqs,
+                                        self.max_blocks_per_seq, self.device,
+                                        platform.pinned_memory())
+        self._graphs: dict[int, _DecodeGraph] = {}
+        self._graph_sizes: list[int] = []
 
+    # ---- set-up ---------------------------------------------------------------
     def kv_cache_specs(self) -> list[KVCacheSpec]:
         return [layer.kv_cache_spec() for layer in self.layers]
 
@@ -71,83 +149,234 @@ class ModelRunner:
                 backend.prepare(self.device, self.pool.specs[i].dtype)
         return self.pool
 
-    def _prepare(self, out: SchedulerOutput, block_lists: list[list[int]]) -> tuple[
-        torch.Tensor, torch.Tensor, AttentionMetadata, np.ndarray
-    ]:
-        scheduled = out.scheduled
-        n = len(scheduled)
+    def release_kv_cache(self) -> None:
+        """Drop the pool (after a profiling run); layers hold no cache until the next one."""
+        for layer in self.layers:
+            layer.kv_cache = None
+        self.pool = None
+
+    def graphs_possible(self) -> tuple[bool, str]:
+        """Whether decode steps can be captured here, and if not why."""
+        if self.enforce_eager:
+            return False, "enforce_eager is set"
+        if not self.platform.supports_graph_capture():
+            return False, f"the {self.platform.name} platform cannot capture graphs"
+        unsafe = sorted({type(b).__name__ for layer in self.layers
+                         if (b := getattr(layer, "backend", None)) is not None
+                         and not b.graph_safe})
+        if unsafe:
+            return False, f"attention backend {', '.join(unsafe)} is not graph-safe"
+        return True, ""
+
+    @torch.inference_mode()
+    def capture_decode_graphs(self) -> str:
+        """Capture forward + logits of a decode step at every batch-size bucket.
+
+        Returns the start-up line (how many graphs, how long); a bucket whose capture
+        fails (a model that synchronises inside its forward) leaves every step eager.
+        """
+        possible, why = self.graphs_possible()
+        if not possible:
+            return f"CUDA graphs: off ({why})"
+        sizes = graph_batch_sizes(self.max_num_seqs)
+        start = time.perf_counter()
+        pool = None
+        try:
+            # Eager warm-up under the platform's sync check: a model that reads the device
+            # inside its forward is found here, before anything is captured.
+            self._fill_padding_step(sizes[-1])
+            with self.platform.forbid_host_sync():
+                self._decode_forward(sizes[-1])
+            self.platform.synchronize()
+            for size in reversed(sizes):
+                self._fill_padding_step(size)
+                self._decode_forward(size)  # warm-up: kernels compiled outside capture
+                graph, logits, pool = self.platform.capture_graph(
+                    lambda s=size: self._decode_forward(s), pool)
+                self._graphs[size] = _DecodeGraph(graph, logits)
+        except Exception as exc:  # noqa: BLE001 - any capture failure means: run eagerly
+            self._graphs.clear()
+            message = f"CUDA graphs: off (capture failed: {type(exc).__name__}: {exc})"
+            logger.warning(message)
+            return message
+        self.platform.synchronize()
+        self._graph_sizes = sizes
+        message = (f"CUDA graphs: captured {len(sizes)} decode batch sizes (1..{sizes[-1]}) in "
+                   f"{time.perf_counter() - start:.1f} s")
+        logger.info(message)
+        return message
+
+    @property
+    def graph_sizes(self) -> list[int]:
+        return list(self._graph_sizes)
+
+    # ---- inputs ---------------------------------------------------------------
+    def _fill(self, batch: StepBatch) -> tuple[int, np.ndarray]:
+        """Write the step's inputs into the host buffers; returns (tokens, query offsets)."""
+        buf = self.buffers
+        n = len(batch.query_lens)
         bs = self.block_size
-        query_lens = [s.num_new_tokens for s in scheduled]
-        computed = [s.request.num_computed_tokens for s in scheduled]
-        q = np.asarray(query_lens, dtype=np.int64)
-        c = np.asarray(computed, dtype=np.int64)
-        cu = np.zeros(n + 1, dtype=np.int64)
+        q = np.asarray(batch.query_lens, dtype=np.int64)
+        c = np.asarray(batch.num_computed, dtype=np.int64)
+        cu = buf.host_view("query_start_loc", n + 1)
+        cu[0] = 0
         np.cumsum(q, out=cu[1:])
         total = int(cu[-1])
-
-        ids = self._input_ids[:total]
+        ids = buf.host_view("input_ids", total)
         pos = 0
-        for s, nc, ql in zip(scheduled, computed, query_lens, strict=True):
-            tokens = s.request.all_token_ids
+        for tokens, nc, ql in zip(batch.token_ids, batch.num_computed, batch.query_lens,
+                                  strict=True):
             ids[pos : pos + ql] = tokens[nc : nc + ql] if ql > 1 else tokens[nc]
             pos += ql
         req_index = np.repeat(np.arange(n), q)
-        positions = self._positions[:total]
+        positions = buf.host_view("positions", total)
         np.subtract(np.arange(total), cu[:-1][req_index], out=positions)
         positions += c[req_index]
-
-        width = max(len(b) for b in block_lists)
-        tables = self._block_tables[:n, :width]
-        tables.fill(0)
-        for i, blocks in enumerate(block_lists):
+        width = max(len(b) for b in batch.block_lists)
+        tables = buf.host_tables(n)
+        tables[:, :width] = 0
+        for i, blocks in enumerate(batch.block_lists):
             tables[i, : len(blocks)] = blocks
-        slot_blocks = tables[req_index, positions // bs]
-        slot_offsets = positions % bs
-        seq_lens = c + q
+        slot_blocks = buf.host_view("slot_blocks", total)
+        slot_offsets = buf.host_view("slot_offsets", total)
+        np.floor_divide(positions, bs, out=slot_offsets)
+        slot_blocks[:] = tables[req_index, slot_offsets]
+        np.remainder(positions, bs, out=slot_offsets)
+        np.add(slot_blocks * bs, slot_offsets, out=buf.host_view("slot_mapping", total))
+        np.add(c, q, out=buf.host_view("seq_lens", n))
+        rows = batch.sample_rows
+        buf.host_view("sample_index", len(rows))[:] = cu[1:][rows] - 1
+        return total, cu.copy()
+
+    def _metadata(self, batch: StepBatch, total: int) -> AttentionMetadata:
+        buf = self.buffers
+        n = len(batch.query_lens)
+        seq_lens = [c + q for c, q in zip(batch.num_computed, batch.query_lens, strict=True)]
         num_decodes = 0
-        for ql in query_lens:
+        for ql in batch.query_lens:
             if ql != 1:
                 break
             num_decodes += 1
-        seq_lens_list = seq_lens.tolist()
-        to = self._to_device
-        metadata = AttentionMetadata(
+        return AttentionMetadata(
             num_tokens=total,
             num_decodes=num_decodes,
-            query_start_loc=to(cu),
-            seq_lens=to(seq_lens),
-            slot_mapping=to(slot_blocks * bs + slot_offsets),
-            block_tables=to(tables),
-            block_size=bs,
-            query_lens_list=query_lens,
-            seq_lens_list=seq_lens_list,
-            slot_blocks=to(slot_blocks),
-            slot_offsets=to(slot_offsets),
-            max_decode_seq_len=max(seq_lens_list[:num_decodes], default=0),
+            query_start_loc=buf.device_view("query_start_loc", n + 1),
+            seq_lens=buf.device_view("seq_lens", n),
+            slot_mapping=buf.device_view("slot_mapping", total),
+            block_tables=buf.device_tables(n),
+            block_size=self.block_size,
+            query_lens_list=list(batch.query_lens),
+            seq_lens_list=seq_lens,
+            slot_blocks=buf.device_view("slot_blocks", total),
+            slot_offsets=buf.device_view("slot_offsets", total),
+            max_decode_seq_len=max(seq_lens[:num_decodes], default=0),
+            max_query_len=max(batch.query_lens),
+            max_seq_len=max(seq_lens),
         )
-        return to(ids), to(positions), metadata, cu
 
-    def _to_device(self, array: np.ndarray) -> torch.Tensor:
-        tensor = torch.from_numpy(array)
-        if self.device.type != "cpu":
-            tensor = tensor.to(self.device, non_blocking=True)
-        return tensor
+    def _fill_padding_step(self, size: int) -> None:
+        """Host buffers of a decode step whose ``size`` rows are all padding."""
+        buf = self.buffers
+        buf.host_view("input_ids", size)[:] = 0
+        buf.host_view("positions", size)[:] = 0
+        buf.host_view("slot_mapping", size)[:] = -1
+        buf.host_view("query_start_loc", size + 1)[:] = np.arange(size + 1)
+        buf.host_view("seq_lens", size)[:] = 0
+        buf.host_tables(size)[:] = 0
+        buf.upload(size)
 
+    def _graph_metadata(self, size: int) -> AttentionMetadata:
+        buf = self.buffers
+        return AttentionMetadata(
+            num_tokens=size,
+            num_decodes=size,
+            query_start_loc=buf.device_view("query_start_loc", size + 1),
+            seq_lens=buf.device_view("seq_lens", size),
+            slot_mapping=buf.device_view("slot_mapping", size),
+            block_tables=buf.device_tables(size),
+            block_size=self.block_size,
+            query_lens_list=[1] * size,
+            seq_lens_list=[self.max_model_len] * size,
+            max_decode_seq_len=self.max_model_len,
+            max_query_len=1,
+            max_seq_len=self.max_model_len,
+            is_graph_step=True,
+        )
+
+    def _decode_forward(self, size: int) -> torch.Tensor:
+        """Forward + logits of a ``size``-row decode step from the device buffers."""
+        buf = self.buffers
+        hidden = self.model(buf.device_view("input_ids", size), buf.device_view("positions", size),
+                            self._graph_metadata(size))
+        return self.model.compute_logits(hidden)
+
+    # ---- the step -------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, block_lists: list[list[int]]) -> StepLogits:
         """Run the step's forward and return the logits the sampler needs."""
-        input_ids, positions, metadata, cu = self._prepare(out, block_lists)
-        hidden = self.model(input_ids, positions, metadata)
-        sample_rows = [i for i, s in enumerate(out.scheduled) if s.samples]
-        prompt_rows = [
-            i for i, s in enumerate(out.scheduled)
-            if s.request.params.prompt_logprobs is not None
-            and s.request.num_computed_tokens < s.request.num_prompt_tokens
-        ]
-        prompt_logits: dict[int, torch.Tensor] = {}
-        if prompt_rows:
-            for i in prompt_rows:
-                prompt_logits[i] = self.model.compute_logits(hidden[int(cu[i]) : int(cu[i + 1])])
-        last = torch.from_numpy(cu[1:][sample_rows] - 1).to(hidden.device)
-        sample_logits = self.model.compute_logits(hidden.index_select(0, last))
-        return StepLogits(sample_logits, sample_rows, prompt_logits)
+        return self.execute_batch(StepBatch.from_scheduler(out, block_lists))
+
+    @torch.inference_mode()
+    def execute_batch(self, batch: StepBatch) -> StepLogits:
+        n = len(batch.query_lens)
+        if self._graph_sizes and batch.is_pure_decode and n <= self._graph_sizes[-1]:
+            return self._replay(batch)
+        total, cu = self._fill(batch)
+        self.buffers.upload(n)
+        metadata = self._metadata(batch, total)
+        hidden = self.model(self.buffers.device_view("input_ids", total),
+                            self.buffers.device_view("positions", total), metadata)
+        prompt_logits = {i: self.model.compute_logits(hidden[int(cu[i]) : int(cu[i + 1])])
+                         for i in batch.prompt_rows}
+        rows = batch.sample_rows
+        if len(rows) == total:  # every token samples (pure decode): no gather
+            sample_hidden = hidden
+        else:
+            sample_hidden = hidden.index_select(
+                0, self.buffers.device_view("sample_index", len(rows)))
+        sample_logits = self.model.compute_logits(sample_hidden)
+        return StepLogits(sample_logits, rows, prompt_logits)
+
+    def _replay(self, batch: StepBatch) -> StepLogits:
+        n = len(batch.query_lens)
+        size = self._graph_sizes[bisect.bisect_left(self._graph_sizes, n)]
+        self._fill(batch)
+        buf = self.buffers
+        if size > n:  # padding rows: one query each, no context, nothing written
+            buf.host_view("input_ids", size)[n:] = 0
+            buf.host_view("positions", size)[n:] = 0
+            buf.host_view("slot_mapping", size)[n:] = -1
+            buf.host_view("query_start_loc", size + 1)[n + 1 :] = np.arange(n + 1, size + 1)
+            buf.host_view("seq_lens", size)[n:] = 0
+        buf.upload(size)
+        entry = self._graphs[size]
+        entry.graph.replay()
+        return StepLogits(entry.logits[:n], batch.sample_rows, {})
+
+    # ---- profiling ------------------------------------------------------------
+    @torch.inference_mode()
+    def profile_run(self, num_tokens: int) -> None:
+        """A forward + logits at the step's token budget, over dummy sequences, with a
+        temporary pool just big enough: the activation peak the KV pool must leave room for.
+        """
+        per_seq = max(1, min(num_tokens, self.max_model_len - 1))
+        lens = [per_seq] * (num_tokens // per_seq)
+        if num_tokens % per_seq:
+            lens.append(num_tokens % per_seq)
+        lens = lens[: self.max_num_seqs]
+        blocks_per = [-(-n // self.block_size) for n in lens]
+        self.allocate_kv_cache(sum(blocks_per) + 1)
+        try:
+            block_lists, next_block = [], 1
+            for count in blocks_per:
+                block_lists.append(list(range(next_block, next_block + count)))
+                next_block += count
+            batch = StepBatch(
+                token_ids=[[0] * n for n in lens], num_computed=[0] * len(lens),
+                query_lens=lens, block_lists=block_lists,
+                sample_rows=list(range(len(lens))), prompt_rows=[],
+            )
+            self.execute_batch(batch)
+            self.platform.synchronize()
+        finally:
+            self.release_kv_cache()

@@ -35,6 +35,9 @@ class ModelContext:
     max_model_len: int = 0
     # Element type of the attention layers' KV cache; None: ``dtype``.
     kv_cache_dtype: torch.dtype | None = None
+    # attention_backend="auto": the platform's backends, best first; each attention layer
+    # takes the first that supports it. Empty: every layer uses ``attention_backend``.
+    attention_backend_candidates: tuple[type[AttentionBackend], ...] = ()
 
 
 class CausalLM(nn.Module, ABC):

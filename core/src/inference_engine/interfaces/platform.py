@@ -8,14 +8,16 @@ device facts come from a :class:`~inference_engine.device_info.DeviceInfoSource`
 
 from __future__ import annotations
 
-from abc import ABC
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, ClassVar
 
 import torch
 
 from inference_engine.device_info import DeviceInfoSource, DeviceProperties, device_info_for
 
-__all__ = ["Platform"]
+__all__ = ["MemoryProfiler", "Platform"]
 
 # FP8 flavour names as the quant methods and ``env`` spell them.
 FP8_FLAVOURS = {torch.float8_e4m3fn: "e4m3fn", torch.float8_e4m3fnuz: "e4m3fnuz"}
@@ -27,6 +29,31 @@ KERNEL_SCALED_MM_FP4 = "torch._scaled_mm (fp4 block-scaled)"
 KERNEL_TRITON_FP8 = "triton fp8 gemm"
 KERNEL_TRITON_FP8_BLOCK = "triton fp8 block gemm"
 KERNEL_TRITON_MXFP4 = "triton mxfp4 (tl.dot_scaled)"
+
+
+class MemoryProfiler(ABC):
+    """What the engine reads to size the KV pool as vLLM does: after a profiling
+    forward at the step's token budget, the pool gets what the memory fraction leaves."""
+
+    @abstractmethod
+    def reset_peak(self) -> None:
+        """Start a new peak measurement."""
+
+    @abstractmethod
+    def allocated(self) -> int:
+        """Bytes held by this process's tensors now."""
+
+    @abstractmethod
+    def peak_allocated(self) -> int:
+        """Most bytes held by tensors since :meth:`reset_peak`."""
+
+    @abstractmethod
+    def reserved(self) -> int:
+        """Bytes the tensor allocator holds from the device (allocated plus its cache)."""
+
+    @abstractmethod
+    def empty_cache(self) -> None:
+        """Return the allocator's unused cached blocks to the device."""
 
 
 class Platform(ABC):  # noqa: B024 - every method has a working default
@@ -193,6 +220,28 @@ class Platform(ABC):  # noqa: B024 - every method has a working default
 
     def synchronize(self) -> None:  # noqa: B027 - nothing to wait for on the host
         """Wait for the device's queued work (timing, profiling)."""
+
+    def capture_graph(self, fn: Callable[[], Any], pool: Any = None) -> tuple[Any, Any, Any]:
+        """Capture ``fn``'s device work as a replayable graph (``graph.replay()``).
+
+        Returns ``(graph, fn's output, memory pool)``; pass the pool to the next capture
+        so graphs share memory. Only called where :meth:`supports_graph_capture`.
+        """
+        raise NotImplementedError(f"the {self.name} platform cannot capture graphs")
+
+    def forbid_host_sync(self) -> AbstractContextManager[None]:
+        """A context in which a host synchronisation with the device raises (checks that a
+        step can be captured); a no-op where the device is the host."""
+        return nullcontext()
+
+    def default_max_num_seqs(self) -> int:
+        """``max_num_seqs`` when none is given: what a step of this device handles well."""
+        return 128
+
+    def memory_profiler(self) -> MemoryProfiler | None:
+        """Device-memory accounting for sizing the KV pool from a profiling forward
+        (``gpu_memory_utilization``); None where memory is not profiled (the host)."""
+        return None
 
     def fp8_gemm_kernels(self) -> list[str]:
         """FP8 x FP8 matmul paths the device runs natively, best first (empty: none)."""

@@ -10,10 +10,37 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inference_engine.interfaces.attention import AttentionMetadata, KVCacheSpec
+from inference_engine.interfaces.attention import AttentionBackend, AttentionMetadata, KVCacheSpec
 from inference_engine.interfaces.model import ModelContext
 
-__all__ = ["Attention"]
+__all__ = ["Attention", "choose_backend"]
+
+
+def choose_backend(ctx: ModelContext, prefix: str, head_dim: int, kv_dtype: torch.dtype,
+                   sinks: bool, sliding_window: bool) -> type[AttentionBackend]:
+    """The layer's backend class: the first candidate (``attention_backend="auto"``) that
+    supports its head size, sinks, window and cache dtype; else the one configured.
+
+    Raises:
+        ValueError: no candidate supports the layer (the message says what each lacks).
+    """
+    if not ctx.attention_backend_candidates:
+        return ctx.attention_backend
+    reasons = []
+    for cls in ctx.attention_backend_candidates:
+        lacks = [
+            what for what, ok in (
+                (f"head size {head_dim}", cls.supports_head_size(head_dim)),
+                (f"a {str(kv_dtype).removeprefix('torch.')} KV cache",
+                 cls.supports_kv_cache_dtype(kv_dtype)),
+                ("attention sinks", not sinks or cls.supports_sinks),
+                ("sliding windows", not sliding_window or cls.supports_sliding_window),
+            ) if not ok
+        ]
+        if not lacks:
+            return cls
+        reasons.append(f"{getattr(cls, 'name', cls.__name__)}: no {', '.join(lacks)}")
+    raise ValueError(f"{prefix}: no attention backend supports this layer ({'; '.join(reasons)})")
 
 
 class Attention(nn.Module):
@@ -49,8 +76,9 @@ class Attention(nn.Module):
         self.scale = scale
         self.sliding_window = sliding_window
         self.dtype = ctx.kv_cache_dtype or ctx.dtype
-        self.backend = ctx.attention_backend(num_heads, head_dim, num_kv_heads, scale,
-                                             sliding_window)
+        backend_cls = choose_backend(ctx, prefix, head_dim, self.dtype,
+                                     sinks is not None, sliding_window is not None)
+        self.backend = backend_cls(num_heads, head_dim, num_kv_heads, scale, sliding_window)
         if sinks is not None:
             if not self.backend.supports_sinks:
                 raise ValueError(f"{prefix}: the {type(self.backend).__name__} attention backend "

@@ -114,6 +114,27 @@ class RocmPlatform(Platform):
     def pinned_memory(self) -> bool:
         return not self.info.simulated
 
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device())
+
+    def default_max_num_seqs(self) -> int:
+        return 256
+
+    def memory_profiler(self):  # noqa: ANN201 - MemoryProfiler | None
+        from inference_engine.builtin.platforms.cuda import TorchCudaMemoryProfiler
+
+        return None if self.info.simulated else TorchCudaMemoryProfiler(self.device())
+
+    def capture_graph(self, fn, pool=None):  # noqa: ANN001, ANN201 - as Platform's
+        from inference_engine.builtin.platforms.cuda import capture_cuda_graph
+
+        return capture_cuda_graph(fn, pool)
+
+    def forbid_host_sync(self):  # noqa: ANN201 - as Platform's
+        from inference_engine.builtin.platforms.cuda import cuda_sync_forbidden
+
+        return cuda_sync_forbidden()
+
     def supports_graph_capture(self) -> bool:
         # HIP graphs through torch.cuda.CUDAGraph on ROCm builds.
         return not self.info.simulated

@@ -16,6 +16,10 @@ sm120     12.x (RTX 5090, RTX PRO 6000) FP8 and FP4, but ~99 KiB shared memory
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
 import torch
 
 from inference_engine.device_info import (
@@ -29,10 +33,12 @@ from inference_engine.interfaces.platform import (
     KERNEL_TRITON_FP8,
     KERNEL_TRITON_FP8_BLOCK,
     KERNEL_TRITON_MXFP4,
+    MemoryProfiler,
     Platform,
 )
 
-__all__ = ["CudaPlatform", "cuda_family"]
+__all__ = ["CudaPlatform", "TorchCudaMemoryProfiler", "capture_cuda_graph", "cuda_family",
+           "cuda_sync_forbidden"]
 
 MIN_CAPABILITY = (7, 5)
 
@@ -53,6 +59,47 @@ def cuda_family(capability: tuple[int, int]) -> str:
     if major in (10, 11):
         return "sm100"
     return "sm120"
+
+
+class TorchCudaMemoryProfiler(MemoryProfiler):
+    """``torch.cuda``'s allocator statistics for one device (NVIDIA and ROCm builds)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def reset_peak(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def allocated(self) -> int:
+        return torch.cuda.memory_allocated(self.device)
+
+    def peak_allocated(self) -> int:
+        return torch.cuda.max_memory_allocated(self.device)
+
+    def reserved(self) -> int:
+        return torch.cuda.memory_reserved(self.device)
+
+    def empty_cache(self) -> None:
+        torch.cuda.empty_cache()
+
+
+def capture_cuda_graph(fn: Callable[[], Any], pool: Any = None) -> tuple[Any, Any, Any]:
+    """``fn`` captured in a ``torch.cuda.CUDAGraph`` (HIP graphs on ROCm builds)."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        output = fn()
+    return graph, output, graph.pool()
+
+
+@contextmanager
+def cuda_sync_forbidden() -> Iterator[None]:
+    """torch's sync debug mode set to raise on a host synchronisation, restored after."""
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
 
 
 class CudaPlatform(Platform):
@@ -121,6 +168,18 @@ class CudaPlatform(Platform):
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device())
+
+    def default_max_num_seqs(self) -> int:
+        return 256
+
+    def capture_graph(self, fn: Callable[[], Any], pool: Any = None) -> tuple[Any, Any, Any]:
+        return capture_cuda_graph(fn, pool)
+
+    def forbid_host_sync(self) -> AbstractContextManager[None]:
+        return cuda_sync_forbidden()
+
+    def memory_profiler(self) -> MemoryProfiler | None:
+        return None if self.info.simulated else TorchCudaMemoryProfiler(self.device())
 
     def fp8_gemm_kernels(self) -> list[str]:
         if self.fp8_dtype() is None:

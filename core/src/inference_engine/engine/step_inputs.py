@@ -1,0 +1,89 @@
+"""Persistent host and device buffers for a step's integer inputs, uploaded in one copy.
+
+Every step needs the same handful of int64 arrays (token ids, positions, cache
+slots, query offsets, context lengths, sample rows, block tables). They live
+at fixed offsets of one host buffer (page-locked where the platform wants it)
+mirrored by one device buffer, so a step fills numpy views and issues a single
+asynchronous copy, and the device views keep their addresses from step to
+step, which is what a captured CUDA graph needs. Where the device is the host
+the two buffers are one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = ["StepInputBuffers"]
+
+# Field order in the packed buffer; the block tables come last so a step uploads
+# up to the end of the rows it uses.
+FIELDS = ("input_ids", "positions", "slot_mapping", "slot_blocks", "slot_offsets",
+          "query_start_loc", "seq_lens", "sample_index", "block_tables")
+
+
+@dataclass(frozen=True, slots=True)
+class _Span:
+    start: int
+    size: int
+
+
+class StepInputBuffers:
+    """Host (numpy) and device (torch) views of the packed int64 step inputs.
+
+    Args:
+        max_tokens: most tokens in one step (token budget plus one per sequence).
+        max_seqs: most sequences in one step.
+        max_blocks_per_seq: block-table width (blocks of the longest sequence).
+        device: where the model runs.
+        pinned: page-lock the host buffer (asynchronous uploads).
+    """
+
+    def __init__(self, max_tokens: int, max_seqs: int, max_blocks_per_seq: int,
+                 device: torch.device, pinned: bool) -> None:
+        self.max_tokens = max_tokens
+        self.max_seqs = max_seqs
+        self.width = max_blocks_per_seq
+        sizes = {
+            "input_ids": max_tokens, "positions": max_tokens, "slot_mapping": max_tokens,
+            "slot_blocks": max_tokens, "slot_offsets": max_tokens,
+            "query_start_loc": max_seqs + 1, "seq_lens": max_seqs, "sample_index": max_seqs,
+            "block_tables": max_seqs * max_blocks_per_seq,
+        }
+        self.spans: dict[str, _Span] = {}
+        offset = 0
+        for name in FIELDS:
+            self.spans[name] = _Span(offset, sizes[name])
+            offset += sizes[name]
+        self.host = torch.zeros(offset, dtype=torch.int64, pin_memory=pinned)
+        self.host_np = self.host.numpy()
+        self.on_host = device == torch.device("cpu")
+        self.device_buffer = (self.host if self.on_host
+                              else torch.zeros(offset, dtype=torch.int64, device=device))
+
+    def host_view(self, name: str, length: int | None = None) -> np.ndarray:
+        """The writable numpy view of field ``name`` (its first ``length`` entries)."""
+        span = self.spans[name]
+        return self.host_np[span.start : span.start + (span.size if length is None else length)]
+
+    def host_tables(self, rows: int) -> np.ndarray:
+        """``[rows, width]`` view of the host block tables."""
+        return self.host_view("block_tables", rows * self.width).reshape(rows, self.width)
+
+    def device_view(self, name: str, length: int) -> torch.Tensor:
+        span = self.spans[name]
+        return self.device_buffer[span.start : span.start + length]
+
+    def device_tables(self, rows: int) -> torch.Tensor:
+        """``[rows, width]`` device block tables."""
+        return self.device_view("block_tables", rows * self.width).view(rows, self.width)
+
+    def upload(self, rows: int) -> None:
+        """Copy every field, up to the block tables of the first ``rows`` sequences, in one
+        asynchronous copy (nothing to do where the device is the host)."""
+        if self.on_host:
+            return
+        end = self.spans["block_tables"].start + rows * self.width
+        self.device_buffer[:end].copy_(self.host[:end], non_blocking=True)
