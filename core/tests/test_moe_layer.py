@@ -105,11 +105,14 @@ def test_torch_path_matches_reference(case, act, bias):
 def test_align_block_size_pads_each_expert_to_whole_blocks():
     ids = torch.tensor([[2, 0], [2, 2], [0, 2]])
     sorted_ids, block_expert, num_padded = align_block_size(ids, 4, 4)
-    assert num_padded == 8 and block_expert.tolist() == [0, 2]
-    # Expert 0: assignments 1 and 4, then padding (6); expert 2: 0, 2, 3, 5.
-    assert sorted_ids.tolist() == [1, 4, 6, 6, 0, 2, 3, 5]
+    # Static sizes: 6 assignments + 4 experts * 3 spare rows, in whole blocks of 4.
+    assert sorted_ids.shape == (16,) and block_expert.shape == (4,)
+    assert num_padded.tolist() == [8] and block_expert.tolist() == [0, 2, 0, 0]
+    # Expert 0: assignments 1 and 4, then padding (6); expert 2: 0, 2, 3, 5; unused rows.
+    assert sorted_ids.tolist() == [1, 4, 6, 6, 0, 2, 3, 5] + [6] * 8
     d = sort_by_expert(ids, 4)
-    assert d.counts == [2, 0, 4, 0] and d.token_of.tolist() == [0, 2, 0, 1, 1, 2]
+    assert d.counts.tolist() == [2, 0, 4, 0] and d.token_of.tolist() == [0, 2, 0, 1, 1, 2]
+    assert d.ends.tolist() == [2, 2, 6, 6] and d.sorted_experts.tolist() == [0, 0, 2, 2, 2, 2]
 
 
 # --------------------------------------------------------------------------- #

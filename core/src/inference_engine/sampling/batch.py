@@ -53,6 +53,8 @@ class SamplingBatch:
     temperature: torch.Tensor | None = None
     # [B] int64, 0 = off.
     top_k: torch.Tensor | None = None
+    # Host bound on the active top_k values (the ``topk`` width); None with top_k.
+    max_top_k: int | None = None
     # [B] float32, 1 = off.
     top_p: torch.Tensor | None = None
     # [B] float32, 0 = off.
@@ -122,45 +124,108 @@ class SamplingBatch:
             return cls(num_rows, vocab_size, is_plain_greedy=True, all_greedy=True)
 
         batch = cls(num_rows, vocab_size, is_plain_greedy=False, all_greedy=all_greedy)
+        # Everything is built on the host and uploaded in one copy (see _Staging).
+        staged = _Staging()
         if has_logprobs:
             batch.num_logprobs = tuple(p.logprobs for p in params)
         if blocked_rows:
-            batch.blocked = _blocked(blocked_rows, params, eos_token_ids, vocab_size, device)
+            _stage_blocked(staged, blocked_rows, params, eos_token_ids, vocab_size)
         if rep_rows:
             if prompt_token_ids is None:
                 raise ValueError("prompt_token_ids are needed for a repetition penalty")
-            batch.repetition_penalty = _per_row(
-                params, "repetition_penalty", 1.0, rep_rows, device)
-            batch.seen_mask = _seen_mask(
-                rep_rows, prompt_token_ids, output_token_ids, num_rows, vocab_size, device)
+            staged.add("repetition_penalty", _per_row(params, "repetition_penalty", 1.0, rep_rows))
+            r_p, c_p = _scatter_index(rep_rows, [prompt_token_ids[i] for i in rep_rows],
+                                      vocab_size)
+            r_o, c_o = _scatter_index(rep_rows, [output_token_ids[i] for i in rep_rows],
+                                      vocab_size)
+            staged.add("seen_rows", torch.cat([r_p, r_o]))
+            staged.add("seen_cols", torch.cat([c_p, c_o]))
         if pf_rows:
             if any(params[i].presence_penalty != 0.0 for i in pf_rows):
-                batch.presence_penalty = _per_row(
-                    params, "presence_penalty", 0.0, pf_rows, device)
+                staged.add("presence_penalty", _per_row(params, "presence_penalty", 0.0, pf_rows))
             if any(params[i].frequency_penalty != 0.0 for i in pf_rows):
-                batch.frequency_penalty = _per_row(
-                    params, "frequency_penalty", 0.0, pf_rows, device)
-            batch.output_counts = _counts(pf_rows, output_token_ids, num_rows, vocab_size, device)
-        if all_greedy:
-            return batch
+                staged.add("frequency_penalty",
+                           _per_row(params, "frequency_penalty", 0.0, pf_rows))
+            rows, cols = _scatter_index(pf_rows, [output_token_ids[i] for i in pf_rows],
+                                        vocab_size)
+            staged.add("count_rows", rows)
+            staged.add("count_cols", cols)
+        if not all_greedy:
+            random_rows = [i for i, g in enumerate(greedy) if not g]
+            if len(random_rows) < num_rows:
+                staged.add("is_greedy", torch.tensor(greedy, dtype=torch.bool))
+            if any(params[i].temperature != 1.0 for i in random_rows):
+                staged.add("temperature", _per_row(params, "temperature", 1.0, random_rows))
+            active_k = [params[i].top_k for i in random_rows if 0 < params[i].top_k < vocab_size]
+            if active_k:
+                staged.add("top_k", _per_row(params, "top_k", 0, random_rows, torch.int64))
+                batch.max_top_k = max(active_k)
+            if any(params[i].top_p < 1.0 for i in random_rows):
+                staged.add("top_p", _per_row(params, "top_p", 1.0, random_rows))
+            if any(params[i].min_p > 0.0 for i in random_rows):
+                staged.add("min_p", _per_row(params, "min_p", 0.0, random_rows))
+            batch.seeded_rows = tuple(
+                (i, derive_seed(params[i].seed, len(output_token_ids[i])))
+                for i in random_rows if params[i].seed is not None
+            )
+            batch.has_unseeded = len(batch.seeded_rows) < len(random_rows)
 
-        random_rows = [i for i, g in enumerate(greedy) if not g]
-        if len(random_rows) < num_rows:
-            batch.is_greedy = torch.tensor(greedy, dtype=torch.bool).to(device)
-        if any(params[i].temperature != 1.0 for i in random_rows):
-            batch.temperature = _per_row(params, "temperature", 1.0, random_rows, device)
-        if any(0 < params[i].top_k < vocab_size for i in random_rows):
-            batch.top_k = _per_row(params, "top_k", 0, random_rows, device, torch.int64)
-        if any(params[i].top_p < 1.0 for i in random_rows):
-            batch.top_p = _per_row(params, "top_p", 1.0, random_rows, device)
-        if any(params[i].min_p > 0.0 for i in random_rows):
-            batch.min_p = _per_row(params, "min_p", 0.0, random_rows, device)
-        batch.seeded_rows = tuple(
-            (i, derive_seed(params[i].seed, len(output_token_ids[i])))
-            for i in random_rows if params[i].seed is not None
-        )
-        batch.has_unseeded = len(batch.seeded_rows) < len(random_rows)
+        on_device = staged.upload(device)
+        for name in ("is_greedy", "temperature", "top_k", "top_p", "min_p",
+                     "repetition_penalty", "presence_penalty", "frequency_penalty"):
+            if name in on_device:
+                setattr(batch, name, on_device[name])
+        if "blocked_rows" in on_device:
+            batch.blocked = (on_device["blocked_rows"], on_device["blocked_cols"])
+        if "seen_rows" in on_device:
+            # One spare column absorbs out-of-vocabulary ids.
+            mask = torch.zeros(num_rows, vocab_size + 1, dtype=torch.bool, device=device)
+            mask[on_device["seen_rows"], on_device["seen_cols"]] = True
+            batch.seen_mask = mask[:, :vocab_size]
+        if "count_rows" in on_device:
+            rows = on_device["count_rows"]
+            counts = torch.zeros(num_rows, vocab_size + 1, dtype=torch.float32, device=device)
+            counts.index_put_((rows, on_device["count_cols"]),
+                              torch.ones(rows.shape, dtype=torch.float32, device=device),
+                              accumulate=True)
+            batch.output_counts = counts[:, :vocab_size]
         return batch
+
+
+class _Staging:
+    """Host tensors gathered for one upload: packed into one byte buffer (pinned when the
+    device is not the CPU), copied with one ``non_blocking`` transfer, then viewed back."""
+
+    # Each part starts at a multiple of this many bytes, so every dtype can view it.
+    ALIGN = 8
+
+    def __init__(self) -> None:
+        self.parts: dict[str, torch.Tensor] = {}
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        self.parts[name] = tensor.reshape(-1)
+
+    def upload(self, device: torch.device | str) -> dict[str, torch.Tensor]:
+        """The parts on ``device`` (on the CPU: views of one host buffer)."""
+        if not self.parts:
+            return {}
+        offsets, size = [], 0
+        for t in self.parts.values():
+            offsets.append(size)
+            size += -(-t.numel() * t.element_size() // self.ALIGN) * self.ALIGN
+        host = torch.empty(size, dtype=torch.uint8)
+        for (_, t), start in zip(self.parts.items(), offsets, strict=True):
+            nbytes = t.numel() * t.element_size()
+            host[start:start + nbytes].view(t.dtype).copy_(t)
+        device = torch.device(device)
+        if device.type != "cpu":
+            host = host.pin_memory()
+        buffer = host.to(device, non_blocking=True)
+        out = {}
+        for (name, t), start in zip(self.parts.items(), offsets, strict=True):
+            nbytes = t.numel() * t.element_size()
+            out[name] = buffer[start:start + nbytes].view(t.dtype)
+        return out
 
 
 def _per_row(
@@ -168,14 +233,13 @@ def _per_row(
     name: str,
     off: float,
     rows: Sequence[int],
-    device: torch.device | str,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """``[B]`` of ``params[i].name`` on ``rows`` and ``off`` elsewhere."""
+    """Host ``[B]`` of ``params[i].name`` on ``rows`` and ``off`` elsewhere."""
     values = [off] * len(params)
     for i in rows:
         values[i] = getattr(params[i], name)
-    return torch.tensor(values, dtype=dtype).to(device)
+    return torch.tensor(values, dtype=dtype)
 
 
 def _scatter_index(
@@ -194,48 +258,19 @@ def _scatter_index(
     return row_index, cols.clamp_(0, vocab_size)
 
 
-def _seen_mask(
-    rows: Sequence[int],
-    prompt_token_ids: Sequence[Sequence[int] | torch.Tensor],
-    output_token_ids: Sequence[Sequence[int]],
-    num_rows: int,
-    vocab_size: int,
-    device: torch.device | str,
-) -> torch.Tensor:
-    r_p, c_p = _scatter_index(rows, [prompt_token_ids[i] for i in rows], vocab_size)
-    r_o, c_o = _scatter_index(rows, [output_token_ids[i] for i in rows], vocab_size)
-    # One spare column absorbs out-of-vocabulary ids.
-    mask = torch.zeros(num_rows, vocab_size + 1, dtype=torch.bool, device=device)
-    mask[torch.cat([r_p, r_o]).to(device), torch.cat([c_p, c_o]).to(device)] = True
-    return mask[:, :vocab_size]
-
-
-def _counts(
-    rows: Sequence[int],
-    output_token_ids: Sequence[Sequence[int]],
-    num_rows: int,
-    vocab_size: int,
-    device: torch.device | str,
-) -> torch.Tensor:
-    r, c = _scatter_index(rows, [output_token_ids[i] for i in rows], vocab_size)
-    counts = torch.zeros(num_rows, vocab_size + 1, dtype=torch.float32, device=device)
-    counts.index_put_((r.to(device), c.to(device)),
-                      torch.ones(r.numel(), dtype=torch.float32, device=device), accumulate=True)
-    return counts[:, :vocab_size]
-
-
-def _blocked(
+def _stage_blocked(
+    staged: _Staging,
     rows: Sequence[int],
     params: Sequence[SamplingParams],
     eos_token_ids: Sequence[Collection[int]] | None,
     vocab_size: int,
-    device: torch.device | str,
-) -> tuple[torch.Tensor, torch.Tensor] | None:
+) -> None:
+    """Stage (row, token id) of the stop ids masked on rows still under min_tokens."""
     pairs = []
     for i in rows:
         ids = eos_token_ids[i] if eos_token_ids is not None else params[i].stop_token_ids or ()
         pairs.extend((i, t) for t in ids if 0 <= t < vocab_size)
-    if not pairs:
-        return None
-    index = torch.tensor(pairs, dtype=torch.int64).to(device)
-    return index[:, 0], index[:, 1]
+    if pairs:
+        index = torch.tensor(pairs, dtype=torch.int64)
+        staged.add("blocked_rows", index[:, 0])
+        staged.add("blocked_cols", index[:, 1])

@@ -61,15 +61,23 @@ def apply_temperature_(logits: torch.Tensor, temperature: torch.Tensor) -> torch
     return logits.div_(temperature[:, None])
 
 
-def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor, max_k: int | None = None
+                ) -> torch.Tensor:
     """Keep each row's ``top_k[i]`` best logits (and ties); ``top_k >= vocab`` or 0 = off.
 
     Uses ``topk`` with the largest k in the batch instead of a full sort.
+
+    Args:
+        logits: ``[rows, vocab]``.
+        top_k: ``[rows]`` int64.
+        max_k: a host-side bound on the rows' active k (the batch knows it before
+            the step); None: the vocabulary, so nothing is read back from ``top_k``.
     """
     vocab = logits.shape[1]
     is_on = (top_k > 0) & (top_k < vocab)
     k = torch.where(is_on, top_k, 1)
-    max_k = int(k.max())
+    # NOTE: any max_k >= every active k picks the same k-th values; it is only the topk width.
+    max_k = vocab if max_k is None else max(1, min(int(max_k), vocab))
     # kth: [rows, 1], the k-th largest logit of each row.
     kth = logits.topk(max_k, dim=1).values.gather(1, (k - 1)[:, None])
     kth = kth.masked_fill(~is_on[:, None], NEG_INF)
@@ -112,15 +120,17 @@ def apply_top_k_top_p_min_p(
     top_k: torch.Tensor | None,
     top_p: torch.Tensor | None,
     min_p: torch.Tensor | None,
+    max_top_k: int | None = None,
 ) -> torch.Tensor:
     """Top-k, top-p, min-p in that order; a None argument means off for every row.
 
-    Sorts only when some row uses top-p; top-k alone uses ``topk``.
+    Sorts only when some row uses top-p; top-k alone uses ``topk`` of width
+    ``max_top_k`` (see :func:`apply_top_k`). Reads nothing back to the host.
     """
     if top_p is not None:
         logits = apply_top_k_top_p(logits, top_k, top_p)
     elif top_k is not None:
-        logits = apply_top_k(logits, top_k)
+        logits = apply_top_k(logits, top_k, max_top_k)
     if min_p is not None:
         logits = apply_min_p(logits, min_p)
     return logits

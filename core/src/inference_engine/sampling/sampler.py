@@ -86,6 +86,17 @@ class Sampler:
             return SamplerOutput(tokens)
         return SamplerOutput(tokens, self.compute_logprobs(logits, tokens, batch.num_logprobs))
 
+    def sample_ids(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """The ``[B]`` int64 device tensor of picks, without logprobs.
+
+        Reads nothing back to the host (no ``.item()``, ``.tolist()``, data-dependent
+        shapes), so the caller can read the ids once, after the step. ``logits`` is
+        left untouched.
+        """
+        if batch.is_plain_greedy:
+            return greedy_pick(logits)
+        return self.sample_tokens(logits.float(), batch)
+
     def sample_tokens(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """``[B]`` int64 picks; ``logits`` is left untouched."""
         processed, is_copy = self._block_and_penalise(logits, batch)
@@ -137,7 +148,8 @@ class Sampler:
                 apply_temperature_(logits, batch.temperature)
             else:
                 logits = logits / batch.temperature[:, None]
-        return apply_top_k_top_p_min_p(logits, batch.top_k, batch.top_p, batch.min_p)
+        return apply_top_k_top_p_min_p(logits, batch.top_k, batch.top_p, batch.min_p,
+                                       batch.max_top_k)
 
     def _draw(self, probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """Exponential race over ``probs [B, V]``; greedy rows' picks are discarded."""

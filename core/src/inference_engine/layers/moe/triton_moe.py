@@ -32,7 +32,7 @@ __all__ = ["default_config", "fused_moe_triton", "launch_config"]
 @triton.jit
 def _grouped_gemm_kernel(
     a_ptr, b_ptr, c_ptr, bias_ptr, weight_ptr, sorted_ids_ptr, block_expert_ptr,
-    N, K, num_valid, num_padded,
+    num_padded_ptr, N, K, num_valid, max_padded,
     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn, stride_bias_e,
     ROWS_PER_A: tl.constexpr, HAS_BIAS: tl.constexpr, MUL_WEIGHT: tl.constexpr,
     IEEE: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
@@ -42,7 +42,7 @@ def _grouped_gemm_kernel(
     pid = tl.program_id(0)
     # Plain integer ceil-divisions (tl.cdiv is a jit function the interpreter cannot call
     # when triton was imported before TRITON_INTERPRET was set).
-    num_pid_m = (num_padded + BLOCK_SIZE_M - 1) // BLOCK_SIZE_M
+    num_pid_m = (max_padded + BLOCK_SIZE_M - 1) // BLOCK_SIZE_M
     num_pid_n = (N + BLOCK_SIZE_N - 1) // BLOCK_SIZE_N
     # Grouped ordering: GROUP_SIZE_M row blocks share each weight slice while it is in cache.
     group = GROUP_SIZE_M * num_pid_n
@@ -50,6 +50,9 @@ def _grouped_gemm_kernel(
     group_m = min(num_pid_m - first_m, GROUP_SIZE_M)
     pid_m = first_m + ((pid % group) % group_m)
     pid_n = (pid % group) // group_m
+    # The grid covers the static bound on padded rows; blocks past the rows in use do nothing.
+    if pid_m * BLOCK_SIZE_M >= tl.load(num_padded_ptr):
+        return
 
     offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
     rows = tl.load(sorted_ids_ptr + offs_m)
@@ -98,15 +101,18 @@ def launch_config(shape: dict[str, int]) -> dict[str, Any]:
 
 def _grouped_gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
                   weights: torch.Tensor | None, sorted_ids: torch.Tensor,
-                  block_expert: torch.Tensor, num_padded: int, rows_per_a: int,
+                  block_expert: torch.Tensor, num_padded: torch.Tensor, rows_per_a: int,
                   config: dict[str, Any]) -> None:
+    """One grouped GEMM; the grid is sized by ``sorted_ids``' static length, ``num_padded``
+    (a device tensor) says how many rows are in use."""
     n, k = b.shape[1], b.shape[2]
+    max_padded = sorted_ids.shape[0]
     bm, bn = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"]
-    grid = (triton.cdiv(num_padded, bm) * triton.cdiv(n, bn),)
+    grid = (triton.cdiv(max_padded, bm) * triton.cdiv(n, bn),)
     dummy = c  # unused pointer arguments when a feature is off
     _grouped_gemm_kernel[grid](
         a, b, c, bias if bias is not None else dummy, weights if weights is not None else dummy,
-        sorted_ids, block_expert, n, k, c.shape[0], num_padded,
+        sorted_ids, block_expert, num_padded, n, k, c.shape[0], max_padded,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2),
         c.stride(0), c.stride(1), bias.stride(0) if bias is not None else 0,
         ROWS_PER_A=rows_per_a, HAS_BIAS=bias is not None, MUL_WEIGHT=weights is not None,
