@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The prepared GPU check (GPU-engine issue): run once on the lent GPU machine, in at most
+# 8 minutes, installing nothing from the network. Writes everything under $OUT (default
+# /tmp/gpu_check) as it goes, so a run cut at its limit still returns what it did, and
+# prints one summary at the end.
+#
+# On the device machine, from the project root (wheels from ../shared/tools/gpu-wheels.sh
+# carried as .whl):
+#   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl &&
+#   python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site \
+#       ./core ./plugins/models ./plugins/quant ./plugins/parsers ./plugins/gguf ./plugins/rocm ./plugins/xpu &&
+#   export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH && bash bench/gpu_check.sh
+#
+# Steps (each with its own timeout; a failing step does not stop the others):
+#   1. bench/gpu_bench.py: the bench model, ours vs transformers on the same GPU, sync check
+#   2. bench/gpu_parity.py: greedy parity of every registered architecture on CUDA
+#   3. the Triton kernel tests (on the GPU where they have a CUDA variant)
+#   4. the suite's engine/model/sampling tests with CUDA present (device honesty)
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu_check}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY=${PY:-python3}
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-210}
+PARITY_TIMEOUT=${PARITY_TIMEOUT:-100}
+KERNEL_TIMEOUT=${KERNEL_TIMEOUT:-60}
+SUITE_TIMEOUT=${SUITE_TIMEOUT:-110}
+STEPS=${STEPS:-bench parity kernels suite}
+
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  $PY -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+run_step() {  # name timeout command...
+  local name=$1 limit=$2; shift 2
+  local start=$SECONDS
+  echo "== $name (limit ${limit}s)"
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc $((SECONDS - start))s" | tee -a "$OUT/steps.txt"
+  tail -n 5 "$OUT/$name.log"
+}
+
+for step in $STEPS; do
+  case $step in
+    bench) run_step bench "$BENCH_TIMEOUT" $PY bench/gpu_bench.py --out "$OUT/gpu_bench.json" ;;
+    parity) run_step parity "$PARITY_TIMEOUT" $PY bench/gpu_parity.py --device cuda \
+              --out "$OUT/gpu_parity.json" ;;
+    kernels) run_step kernels "$KERNEL_TIMEOUT" $PY -m pytest -q -p no:cacheprovider \
+               core/tests/test_triton_attention.py core/tests/test_triton_fused.py \
+               core/tests/test_no_host_sync.py core/tests/test_graph_replay.py ;;
+    suite) run_step suite "$SUITE_TIMEOUT" $PY -m pytest -q -p no:cacheprovider -n 12 \
+             --timeout 100 --maxfail 30 \
+             tests/test_engine_parity.py tests/test_engine_api.py plugins/models/tests \
+             core/tests/test_attention_backends.py core/tests/test_sampling.py ;;
+  esac
+done
+
+echo "== summary"
+cat "$OUT/steps.txt"
+$PY - "$OUT" <<'EOF'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+bench = out / "gpu_bench.json"
+if bench.exists():
+    r = json.loads(bench.read_text())
+    o, t = r.get("ours", {}), r.get("transformers", {})
+    print(f"bench: batch-1 decode {o.get('batch1_decode_tok_s')} tok/s "
+          f"({o.get('batch1_fraction_of_hbm_limit')} of the {r.get('hbm_limit_batch1_tok_s')} limit) "
+          f"vs transformers {t.get('batch1_decode_tok_s')}; TTFT 512 {o.get('ttft_512_ms')} ms; "
+          f"64 req {o.get('requests_64_tok_s')}, 256 req {o.get('requests_256_tok_s')} tok/s vs "
+          f"transformers static 64 {t.get('static_batch_64_tok_s')}; sync check {o.get('sync_check')}; "
+          f"{o.get('graphs')}")
+parity = out / "gpu_parity.json"
+if parity.exists():
+    print("parity:", parity.read_text()[-600:])
+for name in ("kernels", "suite"):
+    log = out / f"{name}.log"
+    if log.exists():
+        lines = [l for l in log.read_text().splitlines() if l.strip()]
+        print(f"{name}:", lines[-1] if lines else "(empty)")
+EOF
