@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from inference_engine import LLM, SamplingParams
+from inference_engine import SamplingParams
 from inference_engine.builtin.platforms.cpu import CpuPlatform
-from inference_engine.testing import make_tiny_model
+from inference_engine.testing import cpu_llm, make_tiny_model
 from inference_engine.testing_parity import assert_greedy_matches
 from inference_engine_quant.fp8_testing import load_for_test, prefill_logits
 from inference_engine_quant.mx_block import dequantize_mxfp4
@@ -83,7 +83,7 @@ def test_gpt_oss_style_checkpoint_logits_match_transformers_on_dequantized_weigh
 
 def test_gpt_oss_style_checkpoint_greedy_through_the_engine(gpt_oss_style):
     qdir, dqdir = gpt_oss_style
-    llm = LLM(str(qdir), dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV,
+    llm = cpu_llm(str(qdir), dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV,
               block_size=4)
     prompts = [TOKENS, TOKENS[3:9]]
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
@@ -191,6 +191,9 @@ class _FakeCuda(CpuPlatform):
 
     def supports_fp4(self) -> bool:
         return self._fp4
+
+    def supports_triton(self) -> bool:
+        return True
 
     def __init__(self, fp4: bool) -> None:
         super().__init__()

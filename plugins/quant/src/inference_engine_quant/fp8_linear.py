@@ -12,7 +12,8 @@ the layer:
   quantized per token and per ``bk`` columns (``bk = K``: per token);
 * ``fp8_kernel``: one of :data:`KERNEL_NAMES`.
 
-Kernel choice (:func:`choose_fp8_kernel`) asks the platform, never its class:
+Kernel choice (:func:`choose_fp8_kernel`) asks the platform's kernel lists
+(``fp8_gemm_kernels()``, ``supports_triton()``), never its class or device type:
 CPU (and any device where Triton cannot run) runs the reference
 (QDQ the activation, dequantize the weight, matmul: the same numbers as the
 FP8 GEMM); GPUs without FP8 math (``fp8_dtype() is None``: SM75/80/86) run the
@@ -30,6 +31,12 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from inference_engine.interfaces.platform import (
+    KERNEL_SCALED_MM_FP8,
+    KERNEL_TRITON_FP8,
+    KERNEL_TRITON_FP8_BLOCK,
+)
 
 from inference_engine_quant.fp8_cast import e4m3fn_to_fnuz
 from inference_engine_quant.fp8_math import (
@@ -69,25 +76,57 @@ def _has_triton() -> bool:
     return HAS_TRITON
 
 
+def supports_triton(platform: Any) -> bool:
+    """Whether ``platform`` says Triton kernels compile for it (objects that do not answer
+    are taken at their word when they have a device, as older simulated platforms did)."""
+    if platform is None:
+        return False
+    answer = getattr(platform, "supports_triton", None)
+    if answer is None:
+        return getattr(platform, "device_type", "cpu") != "cpu"
+    return bool(answer())
+
+
+def fp8_gemm_kernels(platform: Any) -> list[str]:
+    """``platform.fp8_gemm_kernels()``: its native FP8 x FP8 matmul paths (empty: none).
+
+    A platform object without the list (a minimal simulated GPU) is answered from its
+    ``fp8_dtype()`` and ``supports_triton()``, as the CUDA and ROCm platforms build theirs.
+    """
+    if platform is None:
+        return []
+    kernels = getattr(platform, "fp8_gemm_kernels", None)
+    if kernels is not None:
+        return list(kernels())
+    if platform.fp8_dtype() is None:
+        return []
+    triton = [KERNEL_TRITON_FP8, KERNEL_TRITON_FP8_BLOCK] if supports_triton(platform) else []
+    return [KERNEL_SCALED_MM_FP8, *triton]
+
+
 def choose_fp8_kernel(platform: Any, blockwise: bool, dequantize_at_load: bool = False) -> str:
     """The FP8 matmul path for ``platform``; a key of :data:`KERNEL_NAMES`.
 
+    Asks the platform's kernel lists: ``_scaled_mm`` for per-tensor/channel weights
+    and the Triton block GEMM where :meth:`fp8_gemm_kernels` lists them; without
+    native FP8 the Triton weight-only GEMM where Triton runs; else the reference.
+
     Args:
         platform: a :class:`~inference_engine.interfaces.platform.Platform`
-            (None: treated as CPU).
+            (None: no device kernels, the reference).
         blockwise: the weight has 128x128 (or other sub-K) blocks.
         dequantize_at_load: the user traded memory for speed (reference path only).
     """
-    device_type = getattr(platform, "device_type", "cpu") if platform is not None else "cpu"
-    if device_type == "cpu":
-        return "reference_dequantized" if dequantize_at_load else "reference"
-    supports_triton = getattr(platform, "supports_triton", None)
-    triton_ok = _has_triton() and (supports_triton is None or bool(supports_triton()))
-    if platform.fp8_dtype() is None:
-        return "triton_weight_only" if triton_ok else "reference"
-    if not blockwise and hasattr(torch, "_scaled_mm"):
+    native = fp8_gemm_kernels(platform)
+    if not native:
+        if _has_triton() and supports_triton(platform):
+            return "triton_weight_only"
+    elif not blockwise and KERNEL_SCALED_MM_FP8 in native and hasattr(torch, "_scaled_mm"):
         return "scaled_mm"
-    return "triton" if triton_ok else "reference"
+    elif _has_triton() and (KERNEL_TRITON_FP8_BLOCK if blockwise else KERNEL_TRITON_FP8) in native:
+        return "triton"
+    return "reference_dequantized" if dequantize_at_load else "reference"
+
 
 def fp8_kernel_description(platform: Any, blockwise: bool | None = None) -> str:
     """Human name of the path(s) used on ``platform``; both schemes when ``blockwise`` is None."""

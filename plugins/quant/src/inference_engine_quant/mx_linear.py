@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 from inference_engine.builtin.quant.unquantized import UnquantizedMethod
+from inference_engine.interfaces.platform import KERNEL_TRITON_MXFP4
 from inference_engine.interfaces.quant import QuantMethod
 from inference_engine.layers.linear import copy_into_rows
 from torch import nn
@@ -77,11 +78,15 @@ def matches_module(prefix: str, patterns: list[str]) -> bool:
 
 
 def use_triton_fp4(platform: Any) -> bool:
-    """Triton dequant-GEMM on GPUs with Triton; the tiled torch reference elsewhere (CPU)."""
+    """The Triton dequant-GEMM where the platform lists a Triton FP4 kernel or says Triton
+    runs (``supports_triton()``); the tiled torch reference elsewhere (CPU)."""
+    from inference_engine_quant.fp8_linear import supports_triton
     from inference_engine_quant.kernels.fp4_gemm import HAS_TRITON
 
-    device_type = getattr(platform, "device_type", "cpu") if platform is not None else "cpu"
-    return device_type != "cpu" and HAS_TRITON
+    if not HAS_TRITON or platform is None:
+        return False
+    listed = getattr(platform, "fp4_gemm_kernels", None)
+    return (listed is not None and KERNEL_TRITON_MXFP4 in listed()) or supports_triton(platform)
 
 
 def fp4_kernel_name(platform: Any, what: str) -> str:
