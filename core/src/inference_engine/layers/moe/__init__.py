@@ -1,10 +1,12 @@
 """Mixture-of-experts: routing, sorted token dispatch, grouped expert GEMMs, shared experts.
 
 :class:`SparseMoeBlock` is what a decoder layer uses; :class:`FusedMoE` holds
-the experts (weights from the quant method) and picks the GEMM path per
-device: the Triton grouped GEMM on CUDA (:mod:`.triton_moe`), the torch path
-elsewhere (:mod:`.torch_experts`); :func:`fused_moe_reference` is the plain
-ground truth both are tested against.
+the experts (weights from the quant method) and picks its kernel once, when
+built, from the platform's ``moe_kernels()``: the Triton grouped GEMM
+(:mod:`.triton_moe`) or the torch path (:mod:`.torch_experts`);
+:func:`fused_moe_reference` is the plain ground truth both are tested against.
+Routing and dispatch read nothing back to the host (see
+:mod:`inference_engine.testing_sync`).
 """
 
 from inference_engine.layers.moe.activation import SILU, ExpertActivation, gated_activation

@@ -53,7 +53,7 @@ def _grouped_mm_ok(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether ``grouped_mm(a, b^T)`` takes these operands: 16-byte aligned row strides, and
     off the CPU only bfloat16 (the dtype its GPU kernels support)."""
     es = a.element_size()
-    if a.device.type != "cpu" and a.dtype != torch.bfloat16:
+    if not hasattr(F, "grouped_mm") or (a.device.type != "cpu" and a.dtype != torch.bfloat16):
         return False
     return (b.dtype == a.dtype and a.shape[1] * es % 16 == 0 and b.stride(1) * es % 16 == 0
             and b.stride(2) == 1 and b.stride(0) * es % 16 == 0)
