@@ -5,6 +5,12 @@ Per engine step::
     batch = SamplingBatch.from_rows(params, output_token_ids, vocab_size, device,
                                     prompt_token_ids=..., eos_token_ids=...)
     out = sampler(logits, batch)        # SamplerOutput
+    ids = sampler.sample_ids(logits, batch)  # [B] device tensor, no host sync
+
+``from_rows`` runs before the step and uploads its tensors in one copy; the
+sampling itself (``sample_ids``) reads nothing back to the host, so the engine
+reads the ids once, after it. Logprobs are turned into Python dicts, which reads
+them back (a sync) when asked for.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 ``SamplingBatch.from_rows`` reads the params first and builds only the tensors
 some row needs: a batch of plain greedy rows costs one pass over the params
 and no tensors at all, and histories are read only when a row has penalties.
+The tensors are built on the host and reach the device in one copy (pinned,
+non-blocking); the sampler then needs no host value but the batch's own
+(``max_top_k``, ``seeded_rows``).
 """
 
 from __future__ import annotations
