@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from inference_engine.entrypoints.llm import LLM
+from inference_engine.testing import TEST_PLATFORM, cpu_llm
 from inference_engine.parsing import parse_output
 from inference_engine.sampling_params import SamplingParams
 
@@ -37,7 +37,7 @@ demo_tools = _load_demo_tools()
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM(str(MODEL_DIR), dtype="float32", kv_cache_memory=16 << 20, show_progress=False)
+    return cpu_llm(str(MODEL_DIR), dtype="float32", kv_cache_memory=16 << 20, show_progress=False)
 
 
 def _chat(llm, messages, tools=None):
@@ -113,6 +113,7 @@ def test_cli_defaults_to_the_demo_model():
     from typer.testing import CliRunner
 
     result = CliRunner().invoke(app, ["generate", "--prompt", "Hello", "--max-tokens", "4",
-                                      "--json", "--kv-cache-memory", str(16 << 20)])
+                                      "--json", "--kv-cache-memory", str(16 << 20),
+                                      "--platform", TEST_PLATFORM])
     assert result.exit_code == 0, result.output
     assert len(json.loads(result.output.strip().splitlines()[-1])["token_ids"]) <= 4

@@ -14,13 +14,14 @@ from safetensors.torch import load_file, save_file
 
 SMALL_KV = 1 << 24  # 16 MiB: plenty for these tests, quick to allocate
 
-from inference_engine import LLM, AsyncLLM, SamplingParams
+from inference_engine import AsyncLLM, SamplingParams
+from inference_engine.testing import TEST_PLATFORM, cpu_llm
 from inference_engine.registry import RemovedArchitectureError, UnknownNameError
 
 
 @pytest.fixture(scope="module")
 def llm(tiny_model_dirs):
-    return LLM(str(tiny_model_dirs["qwen3"]), dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV, block_size=4)
+    return cpu_llm(str(tiny_model_dirs["qwen3"]), dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV, block_size=4)
 
 
 def test_stop_string_across_tokens_is_cut(llm):
@@ -132,7 +133,7 @@ def test_chat_applies_template(llm):
 
 def test_async_streams_and_abort(tiny_model_dirs):
     engine = AsyncLLM.from_model(str(tiny_model_dirs["qwen3"]), dtype="float32",
-                                 kv_cache_memory=SMALL_KV)
+                                 kv_cache_memory=SMALL_KV, platform=TEST_PLATFORM)
 
     async def run():
         params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -178,16 +179,16 @@ def test_loader_errors_name_the_problem(tiny_model_dirs, tmp_path):
     tensors["model.layers.0.extra.weight"] = tensors.pop("model.layers.1.mlp.up_proj.weight")
     save_file(tensors, bad / "model.safetensors")
     with pytest.raises(ValueError, match="model.layers.0.extra.weight"):
-        LLM(str(bad), show_progress=False, kv_cache_memory=SMALL_KV)
+        cpu_llm(str(bad), show_progress=False, kv_cache_memory=SMALL_KV)
     del tensors["model.layers.0.extra.weight"]
     save_file(tensors, bad / "model.safetensors")
     with pytest.raises(ValueError, match="missing.*model.layers.1.mlp.up_proj.weight"):
-        LLM(str(bad), show_progress=False, kv_cache_memory=SMALL_KV)
+        cpu_llm(str(bad), show_progress=False, kv_cache_memory=SMALL_KV)
     # Shape mismatch names the tensor.
     tensors["model.layers.1.mlp.up_proj.weight"] = tensors["model.layers.1.mlp.down_proj.weight"].clone()
     save_file(tensors, bad / "model.safetensors")
     with pytest.raises(ValueError, match="model.layers.1.mlp.up_proj.weight: shape mismatch"):
-        LLM(str(bad), show_progress=False, kv_cache_memory=SMALL_KV)
+        cpu_llm(str(bad), show_progress=False, kv_cache_memory=SMALL_KV)
     # Unknown and removed architectures.
     for arch, error, pattern in [("MysteryForCausalLM", UnknownNameError, "LlamaForCausalLM"),
                                  ("Ernie4_5ForCausalLM", RemovedArchitectureError, "removed")]:
@@ -196,7 +197,7 @@ def test_loader_errors_name_the_problem(tiny_model_dirs, tmp_path):
         cfg["architectures"] = [arch]
         (other / "config.json").write_text(json.dumps(cfg))
         with pytest.raises(error, match=pattern):
-            LLM(str(other), show_progress=False, kv_cache_memory=SMALL_KV)
+            cpu_llm(str(other), show_progress=False, kv_cache_memory=SMALL_KV)
 
 
 def test_sharded_checkpoint_loads(tiny_model_dirs, tmp_path):
@@ -207,8 +208,8 @@ def test_sharded_checkpoint_loads(tiny_model_dirs, tmp_path):
     shutil.copy(tiny_model_dirs["qwen2"] / "tokenizer.json", tmp_path / "sharded")
     shutil.copy(tiny_model_dirs["qwen2"] / "tokenizer_config.json", tmp_path / "sharded")
     assert (tmp_path / "sharded" / "model.safetensors.index.json").exists()
-    a = LLM(str(tmp_path / "sharded"), dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV)
-    b = LLM(str(tiny_model_dirs["qwen2"]), dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV)
+    a = cpu_llm(str(tmp_path / "sharded"), dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV)
+    b = cpu_llm(str(tiny_model_dirs["qwen2"]), dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV)
     p = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     assert a.generate("1 2 3", p)[0].outputs[0].token_ids == b.generate("1 2 3", p)[0].outputs[0].token_ids
 
@@ -218,7 +219,8 @@ def test_generate_cli_json(tiny_model_dirs):
     result = subprocess.run(
         [sys.executable, "-m", "inference_engine.cli", "generate", "--model",
          str(tiny_model_dirs["qwen3"]), "--prompt", "The quick", "--prompt", "1 2 3",
-         "--max-tokens", "5", "--ignore-eos", "--dtype", "float32", "--kv-cache-memory", "16777216", "--json"],
+         "--max-tokens", "5", "--ignore-eos", "--dtype", "float32", "--kv-cache-memory", "16777216", "--json",
+         "--platform", TEST_PLATFORM],
         capture_output=True, text=True, env=env, timeout=120,
     )
     assert result.returncode == 0, result.stderr

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from inference_engine import LLM, SamplingParams
+from inference_engine import SamplingParams
+from inference_engine.testing import cpu_llm
 from inference_engine.testing_parity import assert_greedy_matches
 
 SMALL_KV = 1 << 24  # 16 MiB: plenty for these tests, quick to allocate
@@ -69,7 +70,7 @@ ENGINE_SETUPS = {
 
 @pytest.mark.parametrize("setup", list(ENGINE_SETUPS))
 def test_greedy_parity_qwen3(setup, tiny_model_dirs, tiny_tokenizer, references):
-    llm = LLM(str(tiny_model_dirs["qwen3"]), dtype="float32", show_progress=False,
+    llm = cpu_llm(str(tiny_model_dirs["qwen3"]), dtype="float32", show_progress=False,
               **{"kv_cache_memory": SMALL_KV, **ENGINE_SETUPS[setup]})
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     # Run twice: the second pass hits the prefix cache where it is on.
@@ -89,7 +90,7 @@ def test_greedy_parity_qwen3(setup, tiny_model_dirs, tiny_tokenizer, references)
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_greedy_parity_other_archs(arch, tiny_model_dirs, references):
-    llm = LLM(str(tiny_model_dirs[arch]), dtype="float32", show_progress=False,
+    llm = cpu_llm(str(tiny_model_dirs[arch]), dtype="float32", show_progress=False,
               kv_cache_memory=SMALL_KV, block_size=4,
               max_num_batched_tokens=12)
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS,
@@ -102,7 +103,7 @@ def test_greedy_parity_other_archs(arch, tiny_model_dirs, references):
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_prompt_logprobs_match_reference(arch, tiny_model_dirs, tiny_tokenizer, references):
     """prompt_logprobs are log-softmax of the model's logits: compare to transformers."""
-    llm = LLM(str(tiny_model_dirs[arch]), dtype="float32", show_progress=False,
+    llm = cpu_llm(str(tiny_model_dirs[arch]), dtype="float32", show_progress=False,
               kv_cache_memory=SMALL_KV, block_size=4,
               max_num_batched_tokens=8)
     prompt = PROMPTS[1]
@@ -128,7 +129,7 @@ def test_prompt_logprobs_match_reference(arch, tiny_model_dirs, tiny_tokenizer, 
 @pytest.mark.parametrize("backend", ["paged", "torch_sdpa"])
 def test_last_position_logits_match_reference(arch, backend, tiny_model_dirs, references):
     """Raw float32 logits of one mixed prefill batch against transformers, 1e-4 max abs."""
-    llm = LLM(str(tiny_model_dirs[arch]), dtype="float32", show_progress=False,
+    llm = cpu_llm(str(tiny_model_dirs[arch]), dtype="float32", show_progress=False,
               kv_cache_memory=SMALL_KV, block_size=4,
               attention_backend=backend)
     engine = llm.engine
@@ -160,7 +161,7 @@ def test_context_beyond_max_position_embeddings(tmp_path, tiny_tokenizer):
     with torch.no_grad():
         ref = model.generate(ids, do_sample=False, max_new_tokens=36,
                              attention_mask=torch.ones_like(ids))[0, len(prompt):].tolist()
-    llm = LLM(str(path), dtype="float32", max_model_len=64, kv_cache_memory=SMALL_KV,
+    llm = cpu_llm(str(path), dtype="float32", max_model_len=64, kv_cache_memory=SMALL_KV,
               show_progress=False)
     out = llm.generate([{"prompt_token_ids": prompt}],
                        SamplingParams(temperature=0, max_tokens=36, ignore_eos=True),
@@ -187,7 +188,7 @@ def test_greedy_parity_through_the_cpu_attention_kernels(setup, head64):
     extra = dict(ENGINE_SETUPS[setup])
     if setup == "preempt":
         extra["kv_cache_memory"] = 28 * 4 * 2 * 2 * 2 * 64 * 4
-    llm = LLM(str(path), dtype="float32", show_progress=False,
+    llm = cpu_llm(str(path), dtype="float32", show_progress=False,
               **{"kv_cache_memory": SMALL_KV, **extra})
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     for _ in range(2):
@@ -201,7 +202,7 @@ def test_greedy_parity_through_the_cpu_attention_kernels(setup, head64):
 def test_prefill_logits_through_the_cpu_attention_kernels(head64):
     """Chunked prefill (8-token steps, 16-token blocks) logprobs against transformers."""
     path, model, _ = head64
-    llm = LLM(str(path), dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV,
+    llm = cpu_llm(str(path), dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV,
               max_num_batched_tokens=8)
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     ids = tokenizer.encode(PROMPTS[1] + " " + PROMPTS[3])

@@ -14,7 +14,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from inference_engine.testing import ServerProcess
+from inference_engine.testing import TEST_PLATFORM, ServerProcess
 
 KEYS = ("key-one", "key-two")
 ORIGIN = "http://allowed.example"
@@ -26,7 +26,7 @@ def server(tiny_model_dirs):
     proc = ServerProcess(tiny_model_dirs["qwen3"], "--served-model-name", NAME,
                          "--api-key", KEYS[0], "--enable-auth", "--enable-cors",
                          "--cors-allow-origins", ORIGIN, "--max-num-seqs", "64",
-                         env={"INFERENCE_ENGINE_API_KEY": KEYS[1]})
+                         env={"INFERENCE_ENGINE_API_KEY": KEYS[1]}, platform=TEST_PLATFORM)
     yield proc
     assert proc.stop() == 0, proc.log()
 

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from inference_engine.testing import ServerProcess, run_cli
+from inference_engine.testing import TEST_PLATFORM, ServerProcess, run_cli
 
 
 def test_enable_auth_without_a_key_fails_at_start(tiny_model_dirs):
@@ -58,7 +58,8 @@ def _stream(url: str, body: dict, out: list, started: threading.Event) -> None:
 
 
 def test_sigint_finishes_in_flight_requests_then_exits_0(tiny_model_dirs):
-    server = ServerProcess(tiny_model_dirs["qwen3"], "--max-num-seqs", "4")
+    server = ServerProcess(tiny_model_dirs["qwen3"], "--max-num-seqs", "4",
+                           platform=TEST_PLATFORM)
     out: list = []
     started = threading.Event()
     body = {"prompt": "The quick brown fox", "max_tokens": 300, "ignore_eos": True}
@@ -75,7 +76,8 @@ def test_sigint_finishes_in_flight_requests_then_exits_0(tiny_model_dirs):
 
 
 def test_sigterm_past_the_shutdown_timeout_aborts_and_exits_0(tiny_model_dirs):
-    server = ServerProcess(tiny_model_dirs["qwen3"], "--shutdown-timeout", "1")
+    server = ServerProcess(tiny_model_dirs["qwen3"], "--shutdown-timeout", "1",
+                           platform=TEST_PLATFORM)
     out: list = []
     started = threading.Event()
     body = {"prompt": "The quick brown fox", "max_tokens": 400, "ignore_eos": True}

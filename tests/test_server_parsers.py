@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from inference_engine.testing import ServerProcess, make_scripted_model
+from inference_engine.testing import TEST_PLATFORM, ServerProcess, make_scripted_model
 
 SCRIPT = ["<think>", "Let me", " check the weather.", "</think>", "\n\n", "Sure.",
           "\n<tool_call>\n", '{"name": "get_weather", ', '"arguments": {"city": ',
@@ -26,7 +26,7 @@ MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 def server(tmp_path_factory):
     model = make_scripted_model(tmp_path_factory.mktemp("scripted"), SCRIPT)
     # No parser named: --enable-auto-tool-choice picks qwen3/qwen3 from the architecture.
-    proc = ServerProcess(model, "--enable-auto-tool-choice")
+    proc = ServerProcess(model, "--enable-auto-tool-choice", platform=TEST_PLATFORM)
     yield proc
     assert proc.stop() == 0, proc.log()
 

@@ -7,7 +7,7 @@ import json
 import openai
 import pytest
 
-from inference_engine.testing import ServerProcess, make_scripted_model
+from inference_engine.testing import TEST_PLATFORM, ServerProcess, make_scripted_model
 
 SCRIPT = ["<reflect>", "The user wants weather.", "</reflect>", "Let me look.",
           '<call name="get_weather">', '{"city": ', '"Paris"}', "</call>"]
@@ -21,7 +21,7 @@ def client(tmp_path_factory):
     model = make_scripted_model(tmp_path_factory.mktemp("reflect"), SCRIPT)
     server = ServerProcess(model, "--tool-call-parser", "reflect_calls",
                            "--reasoning-parser", "reflect", "--enable-auto-tool-choice",
-                           "--served-model-name", "m")
+                           "--served-model-name", "m", platform=TEST_PLATFORM)
     yield openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
     assert server.stop() == 0, server.log()
 

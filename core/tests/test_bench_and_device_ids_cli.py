@@ -6,8 +6,7 @@ import json
 
 import pytest
 from inference_engine.device_ids import InvalidDeviceIdsError
-from inference_engine.entrypoints.llm import LLM
-from inference_engine.testing import make_tiny_model, run_cli
+from inference_engine.testing import TEST_PLATFORM, cpu_llm, make_tiny_model, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +19,7 @@ def tiny_model(tmp_path_factory):
 def test_bench_json_counts_the_fixed_workload(tiny_model):
     result = run_cli("bench", "--model", tiny_model, "--num-prompts", "3", "--input-len", "5",
                      "--output-len", "4", "--device-ids", "0", "--json",
-                     "--kv-cache-memory", str(4 << 20))
+                     "--kv-cache-memory", str(4 << 20), "--platform", TEST_PLATFORM)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["platform"] == "cpu" and report["device"].startswith("cpu (")
@@ -33,23 +32,25 @@ def test_bench_json_counts_the_fixed_workload(tiny_model):
 def test_bench_kv_cache_dtype_option(tiny_model):
     result = run_cli("bench", "--model", tiny_model, "--num-prompts", "2", "--input-len", "4",
                      "--output-len", "3", "--json", "--kv-cache-dtype", "bfloat16",
-                     "--kv-cache-memory", str(4 << 20))
+                     "--kv-cache-memory", str(4 << 20), "--platform", TEST_PLATFORM)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["kv_cache_dtype"] == "bfloat16"
-    bad = run_cli("bench", "--model", tiny_model, "--kv-cache-dtype", "fp8")
+    bad = run_cli("bench", "--model", tiny_model, "--kv-cache-dtype", "fp8",
+                  "--platform", TEST_PLATFORM)
     assert bad.returncode == 2 and "--kv-cache-dtype must be one of" in bad.stderr
 
 
 def test_generate_rejects_a_missing_device_naming_what_exists(tiny_model):
-    result = run_cli("generate", "--model", tiny_model, "--prompt", "hi", "--device-ids", "3")
+    result = run_cli("generate", "--model", tiny_model, "--prompt", "hi", "--device-ids", "3",
+                     "--platform", TEST_PLATFORM)
     assert result.returncode == 2
     assert "no device 3; cpu has 1 device: 0 (" in result.stderr
 
 
 def test_llm_device_ids(tiny_model):
-    llm = LLM(tiny_model, device_ids=[0], kv_cache_memory=4 << 20, show_progress=False)
+    llm = cpu_llm(tiny_model, device_ids=[0], kv_cache_memory=4 << 20, show_progress=False)
     assert llm.engine.platform.device_ids == [0]
     with pytest.raises(InvalidDeviceIdsError, match="cpu has 1 device"):
-        LLM(tiny_model, device_ids="2", show_progress=False)
+        cpu_llm(tiny_model, device_ids="2", show_progress=False)
     with pytest.raises(ValueError, match="-1"):
-        LLM(tiny_model, device_ids=[-1], show_progress=False)
+        cpu_llm(tiny_model, device_ids=[-1], show_progress=False)

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
-from inference_engine import LLM, SamplingParams
+from inference_engine import SamplingParams
 from inference_engine.builtin.platforms import cpu as cpu_platform
 from inference_engine.layers.cpu_gemv import (
     GEMV_MAX_ROWS,
@@ -18,7 +18,7 @@ from inference_engine.layers.cpu_gemv import (
     small_batch_linear,
     unpack_bf16,
 )
-from inference_engine.testing import make_tiny_model, train_tiny_tokenizer
+from inference_engine.testing import cpu_llm, make_tiny_model, train_tiny_tokenizer
 from inference_engine.testing_parity import assert_greedy_matches
 
 HAS_AVX512 = "AVX512" in torch.backends.cpu.get_cpu_capability()
@@ -145,7 +145,7 @@ def bf16_model(tmp_path_factory):
 @needs_kernel
 def test_bf16_checkpoint_decodes_through_the_kernel_like_transformers(bf16_model):
     path, reference = bf16_model
-    llm = LLM(str(path), dtype="float32", show_progress=False, kv_cache_memory=1 << 24)
+    llm = cpu_llm(str(path), dtype="float32", show_progress=False, kv_cache_memory=1 << 24)
     copies = [m for m in llm.engine.model.modules() if getattr(m, "gemv_weight", None) is not None]
     assert len(copies) >= 2 * 4 + 1, "qkv, o, gate_up, down per layer and the LM head"
     prompts = ["The quick brown fox", "1 2 3", "Paged attention stores keys and values in blocks"]
@@ -163,7 +163,7 @@ def test_bf16_checkpoint_decodes_through_the_kernel_like_transformers(bf16_model
 def test_decode_logprobs_through_the_kernel_match_transformers(bf16_model):
     """Teacher-forced: the engine's log-probs of its own greedy tokens equal transformers'."""
     path, reference = bf16_model
-    llm = LLM(str(path), dtype="float32", show_progress=False, kv_cache_memory=1 << 24)
+    llm = cpu_llm(str(path), dtype="float32", show_progress=False, kv_cache_memory=1 << 24)
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=1)
     out = llm.generate(["héllo wörld, the quick brown fox"], params)[0]
     tokens = out.prompt_token_ids + out.outputs[0].token_ids
@@ -181,7 +181,7 @@ def test_decode_logprobs_through_the_kernel_match_transformers(bf16_model):
 def test_bf16_gemm_only_when_bfloat16_was_asked_for(bf16_model):
     path, _ = bf16_model
     for dtype, expected in (("float32", False), ("bfloat16", True), ("auto", True)):
-        llm = LLM(str(path), dtype=dtype, show_progress=False, kv_cache_memory=1 << 24)
+        llm = cpu_llm(str(path), dtype=dtype, show_progress=False, kv_cache_memory=1 << 24)
         modules = llm.engine.model.modules()
         layers = [m for m in modules if getattr(m, "gemv_weight", None) is not None]
         assert layers and all(getattr(m, "bf16_gemm", False) == expected for m in layers), dtype
@@ -261,12 +261,12 @@ def test_kv_cache_dtype_follows_the_checkpoint(bf16_model):
              ("float32", "auto", torch.float32), ("bfloat16", "float32", torch.float32),
              ("float32", "bfloat16", torch.bfloat16))
     for dtype, kv, expected in cases:
-        llm = LLM(str(path), dtype=dtype, kv_cache_dtype=kv, show_progress=False,
+        llm = cpu_llm(str(path), dtype=dtype, kv_cache_dtype=kv, show_progress=False,
                   kv_cache_memory=1 << 24)
         specs = llm.engine.runner.pool.specs
         assert specs and all(spec.dtype == expected for spec in specs), (dtype, kv)
     with pytest.raises(ValueError, match="--kv-cache-dtype must be one of"):
-        LLM(str(path), kv_cache_dtype="fp8", show_progress=False)
+        cpu_llm(str(path), kv_cache_dtype="fp8", show_progress=False)
 
 
 def _rounding_cache_update(self, key_states, value_states, *args, **kwargs):
@@ -296,7 +296,7 @@ def test_bf16_kv_cache_matches_transformers_with_a_rounding_cache(model, monkeyp
     import transformers.cache_utils as cache_utils
 
     path, reference = request.getfixturevalue(model)
-    llm = LLM(str(path), dtype="float32", kv_cache_dtype="bfloat16", show_progress=False,
+    llm = cpu_llm(str(path), dtype="float32", kv_cache_dtype="bfloat16", show_progress=False,
               kv_cache_memory=1 << 24)
     params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, logprobs=1)
     prompts = ["The quick brown fox", "Paged attention stores keys and values in blocks"]

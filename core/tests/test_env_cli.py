@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 import transformers
 from inference_engine.device_info import simulate_devices
 from inference_engine.env_report import collect_env, format_env
 from inference_engine.simulated_devices import machine_from_spec
-from inference_engine.testing import run_cli
+from inference_engine.testing import has_accelerator, run_cli
 
 TOP_KEYS = {"inference_engine", "python", "os", "versions", "simulated_devices", "platform",
             "platforms", "visible_devices_env", "attention_backend", "attention_backends",
@@ -28,6 +29,7 @@ def _mem_total_bytes() -> int:
     raise AssertionError("no MemTotal")
 
 
+@pytest.mark.skipif(has_accelerator(), reason="asserts that this machine is CPU-only")
 def test_env_json_reports_this_cpu_machine_truthfully(monkeypatch):
     monkeypatch.delenv("INFERENCE_ENGINE_SIMULATED_DEVICES", raising=False)
     result = run_cli("env", "--json")

@@ -169,13 +169,12 @@ def test_plugin_docs_are_current():
 
 
 def test_quant_option_a_method_does_not_take_is_refused_by_name(tmp_path):
-    from inference_engine import LLM
     from inference_engine.cli import parse_key_values
-    from inference_engine.testing import make_tiny_model
+    from inference_engine.testing import cpu_llm, make_tiny_model
 
     path = make_tiny_model(tmp_path / "m")
     with pytest.raises(ValueError, match=r"'unquantized' has no option 'activations'.*takes: none"):
-        LLM(str(path), show_progress=False, kv_cache_memory=1 << 22,
+        cpu_llm(str(path), show_progress=False, kv_cache_memory=1 << 22,
             quant_options={"activations": "q8"})
     assert parse_key_values(["a=1", " b = x=y "], "--flag") == {"a": "1", "b": "x=y"}
     with pytest.raises(ValueError, match="--flag takes KEY=VALUE, got '=1'"):

@@ -2,6 +2,11 @@
 
 A byte-level BPE tokenizer is trained on a built-in text, and a random
 transformers model is saved next to it in Hugging Face layout.
+
+Tests run the engine on the CPU platform *explicitly* (:func:`cpu_llm`,
+``ServerProcess(..., platform="cpu")``): without a platform the engine takes
+the present one with top priority (CUDA on a GPU machine), while the
+transformers references the tests compare with are built on the CPU.
 """
 
 from __future__ import annotations
@@ -22,8 +27,11 @@ import torch
 
 __all__ = [
     "SAMPLE_TEXT",
+    "TEST_PLATFORM",
     "ServerProcess",
+    "cpu_llm",
     "free_port",
+    "has_accelerator",
     "make_scripted_model",
     "make_tiny_model",
     "run_cli",
@@ -65,6 +73,31 @@ def train_tiny_tokenizer(vocab_size: int = 384, texts: list[str] | None = None) 
     )
     fast.chat_template = CHAT_TEMPLATE
     return fast
+
+
+# The platform tests pin (``--platform``): where their transformers references run.
+TEST_PLATFORM = "cpu"
+
+
+def cpu_llm(model: str | Path, **kwargs: Any) -> Any:
+    """``LLM(model, platform="cpu", show_progress=False, **kwargs)``.
+
+    For tests that compare the engine with a transformers model built on the
+    CPU: pinning the platform keeps both sides on one device on any machine.
+    """
+    from inference_engine.entrypoints.llm import LLM
+
+    kwargs.setdefault("show_progress", False)
+    return LLM(str(model), platform=TEST_PLATFORM, **kwargs)
+
+
+def has_accelerator() -> bool:
+    """Whether torch sees a real GPU here (CUDA, ROCm or XPU), simulations aside.
+
+    Tests that check *this* machine is CPU-only skip where it is not.
+    """
+    xpu = getattr(torch, "xpu", None)
+    return torch.cuda.is_available() or bool(xpu is not None and xpu.is_available())
 
 
 ARCH_CONFIGS = {
@@ -198,10 +231,12 @@ class ServerProcess:
 
     def __init__(self, model: str | Path, *args: str, env: dict[str, str] | None = None,
                  startup_timeout: float = 120.0, kv_cache_memory: str = "16MiB",
-                 threads: int | None = 1) -> None:
+                 threads: int | None = 1, platform: str | None = None) -> None:
         """Args:
             model: model folder to serve.
             args: more ``serve`` flags.
+            platform: ``--platform`` (tests pass ``TEST_PLATFORM``); None: the engine's
+                choice, the present platform with top priority.
             env: extra environment variables.
             startup_timeout: seconds to wait for ``/health``.
             kv_cache_memory: ``--kv-cache-memory`` ("" for the engine's default).
@@ -215,6 +250,8 @@ class ServerProcess:
                    "--port", str(self.port), *args]
         if kv_cache_memory:
             command += ["--kv-cache-memory", kv_cache_memory]
+        if platform:
+            command += ["--platform", platform]
         threads_env = {"OMP_NUM_THREADS": str(threads)} if threads else {}
         self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
                                      env={**os.environ, **threads_env, **(env or {})})

@@ -5,13 +5,20 @@ saved, our model is built through a :class:`ModelContext` and loaded from the
 saved safetensors (the names a real checkpoint has), every cache-holding
 layer gets views into a real :class:`KVCachePool` (so per-layer cache specs
 are exercised), and hand-built steps run through it. Also the greedy check
-with the near-tie rule used by the engine parity tests.
+with the near-tie rule used by the engine parity tests, and the tiny
+transformers configs every architecture is tested with (``TINY_CONFIGS``;
+``bench/gpu_parity.py`` builds the same models).
+
+NOTE: the transformers references here run on the CPU, so everything that is
+compared with them runs there too: :func:`build_twin` builds on the CPU, and
+engine tests pin ``platform="cpu"`` (``inference_engine.testing.cpu_llm``),
+so the suite means the same on a machine with an accelerator.
 """
 
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,10 +33,111 @@ from inference_engine.engine.model_runner import attention_layers
 from inference_engine.interfaces.attention import AttentionMetadata
 from inference_engine.interfaces.model import ModelContext
 
-__all__ = ["BACKENDS", "Seq", "Twin", "assert_greedy_matches", "build_twin", "hf_greedy",
-           "hf_logits", "make_step", "randomize", "run_step", "saved_tensors"]
+__all__ = ["BACKENDS", "DENSE_CONFIGS", "MOE_CONFIGS", "TINY_CONFIGS", "Divergence", "Seq",
+           "Twin", "assert_greedy_matches", "build_twin", "first_divergence", "hf_greedy",
+           "hf_logits", "make_step", "randomize", "run_step", "saved_tensors",
+           "tiny_dense_config"]
 
 BACKENDS = {"torch_sdpa": TorchSDPABackend, "paged": CpuPagedAttentionBackend}
+
+# --------------------------------------------------------------------------- #
+# Tiny transformers configs, one per architecture (random weights, no downloads).
+# --------------------------------------------------------------------------- #
+
+# architecture -> transformers config class name, for the dense decoders.
+DENSE_CONFIGS = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}
+
+
+def tiny_dense_config(arch: str, vocab_size: int = 256, **overrides: Any) -> Any:
+    """A 2-layer, hidden-64 ``arch`` config (eager attention), ``overrides`` applied."""
+    import transformers
+
+    params: dict[str, Any] = dict(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, attn_implementation="eager",
+    )
+    params.update(overrides)
+    return getattr(transformers, DENSE_CONFIGS[arch])(**params)
+
+
+# What every tiny MoE config shares: 2 layers, hidden 64, top-2.
+_MOE_COMMON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6,
+                   tie_word_embeddings=False, num_experts_per_tok=2)
+
+
+def _qwen3_moe(vocab: int) -> Any:
+    import transformers
+
+    return transformers.Qwen3MoeConfig(
+        vocab_size=vocab, intermediate_size=96, moe_intermediate_size=32, head_dim=16,
+        num_experts=8, norm_topk_prob=True, **_MOE_COMMON)
+
+
+def _granitemoe(vocab: int) -> Any:
+    import transformers
+
+    return transformers.GraniteMoeConfig(
+        vocab_size=vocab, intermediate_size=32, num_local_experts=8, embedding_multiplier=2.0,
+        residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=4.0, **_MOE_COMMON)
+
+
+def _glm4_moe(vocab: int) -> Any:
+    import transformers
+
+    return transformers.Glm4MoeConfig(
+        vocab_size=vocab, intermediate_size=96, moe_intermediate_size=32, head_dim=16,
+        n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1, n_group=2,
+        topk_group=1, norm_topk_prob=True, routed_scaling_factor=1.5, use_qk_norm=True,
+        attention_bias=True, partial_rotary_factor=0.5, **_MOE_COMMON)
+
+
+def _minimax_m2(vocab: int) -> Any:
+    import transformers
+
+    return transformers.MiniMaxM2Config(
+        vocab_size=vocab, intermediate_size=32, head_dim=16, num_local_experts=8,
+        rotary_dim=8, **_MOE_COMMON)
+
+
+def _gpt_oss(vocab: int) -> Any:
+    import transformers
+
+    # sliding_window 5 so the 13-token prompts really slide (layer 0 slides, layer 1 is full).
+    return transformers.GptOssConfig(
+        vocab_size=vocab, intermediate_size=32, head_dim=16, num_local_experts=8,
+        sliding_window=5, **_MOE_COMMON)
+
+
+def _deepseek_v2(vocab: int) -> Any:
+    import transformers
+
+    return transformers.DeepseekV2Config(
+        vocab_size=vocab, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8,
+        n_shared_experts=1, first_k_dense_replace=1, topk_method="group_limited_greedy",
+        n_group=4, topk_group=2, routed_scaling_factor=1.5, kv_lora_rank=32, q_lora_rank=24,
+        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+        **{**_MOE_COMMON, "num_key_value_heads": 4})  # MLA: transformers expects kv heads = heads
+
+
+# architecture -> (vocab size -> tiny config): 2 layers, 8 experts, top-2, hidden 64.
+MOE_CONFIGS: dict[str, Callable[[int], Any]] = {
+    "qwen3_moe": _qwen3_moe,
+    "granitemoe": _granitemoe,
+    "glm4_moe": _glm4_moe,
+    "minimax_m2": _minimax_m2,
+    "gpt_oss": _gpt_oss,
+    "deepseek_v2": _deepseek_v2,
+}
+
+# Every architecture of inference-engine-models -> (vocab size -> tiny config).
+TINY_CONFIGS: dict[str, Callable[[int], Any]] = {
+    "llama": lambda vocab: tiny_dense_config("llama", vocab),
+    "qwen2": lambda vocab: tiny_dense_config("qwen2", vocab),
+    "qwen3": lambda vocab: tiny_dense_config("qwen3", vocab, head_dim=32),
+    **MOE_CONFIGS,
+}
 
 
 def randomize(model: torch.nn.Module, seed: int = 0, std: float = 0.15) -> torch.nn.Module:
@@ -157,19 +265,46 @@ def hf_logits(model: torch.nn.Module, token_ids: list[int]) -> torch.Tensor:
         return model(torch.tensor([token_ids])).logits[0].float()
 
 
-def assert_greedy_matches(model: torch.nn.Module, prompt_ids: list[int], ours: Sequence[int],
-                          ref: Sequence[int], tie: float = 1e-4) -> None:
-    """Equal greedy tokens, except at a genuine near-tie of the reference (top-2 within ``tie``).
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    """Where a greedy continuation first leaves the reference's."""
 
-    After a genuine tie the continuations may legitimately diverge, so the check stops there.
-    """
+    # Index into the continuations (0: the first generated token).
+    position: int
+    # Our token and the reference's there.
+    ours: int
+    ref: int
+    # The reference's top-2 logit gap at that position and its top-2 token ids.
+    gap: float
+    top2_ids: tuple[int, int]
+    # A genuine near-tie: gap < tie and both tokens are the reference's top-2.
+    is_near_tie: bool
+
+
+def first_divergence(model: torch.nn.Module, prompt_ids: Sequence[int], ours: Sequence[int],
+                     ref: Sequence[int], tie: float = 1e-4) -> Divergence | None:
+    """The first position where ``ours`` differs from ``ref`` (None: equal), judged by
+    the reference ``model``'s logits there (see :func:`assert_greedy_matches`)."""
     for pos, (a, b) in enumerate(zip(ours, ref, strict=True)):
         if a == b:
             continue
         logits = hf_logits(model, list(prompt_ids) + list(ref[:pos]))[-1]
         top2 = logits.topk(2)
         gap = float(top2.values[0] - top2.values[1])
-        assert gap < tie and {a, b} <= set(top2.indices.tolist()), (
-            f"token {pos} differs ({a} vs reference {b}) and the reference's top-2 gap is {gap:.2e}"
-        )
-        return
+        top2_ids = tuple(top2.indices.tolist())
+        return Divergence(pos, int(a), int(b), gap, top2_ids,
+                          gap < tie and {a, b} <= set(top2_ids))
+    return None
+
+
+def assert_greedy_matches(model: torch.nn.Module, prompt_ids: list[int], ours: Sequence[int],
+                          ref: Sequence[int], tie: float = 1e-4) -> None:
+    """Equal greedy tokens, except at a genuine near-tie of the reference (top-2 within ``tie``).
+
+    After a genuine tie the continuations may legitimately diverge, so the check stops there.
+    """
+    found = first_divergence(model, prompt_ids, ours, ref, tie)
+    assert found is None or found.is_near_tie, (
+        f"token {found.position} differs ({found.ours} vs reference {found.ref}) and the "
+        f"reference's top-2 gap is {found.gap:.2e}"
+    )

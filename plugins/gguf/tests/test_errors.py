@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from gguf import GGUFWriter
 from gguf.constants import GGMLQuantizationType as T
-from inference_engine import LLM
+from inference_engine.testing import cpu_llm, run_cli
 from inference_engine_gguf.architectures import UnknownArchitectureError
 from inference_engine_gguf.export import export_to_gguf
 from inference_engine_gguf.format import GGUFFormat
@@ -78,7 +78,7 @@ def test_unknown_architecture_is_named(tmp_path):
 def test_folder_with_one_gguf_loads_and_two_are_refused(tmp_path, good_file):
     (tmp_path / "one").mkdir()
     os.link(good_file, tmp_path / "one" / "m.gguf")
-    llm = LLM(str(tmp_path / "one"), dtype="float32", show_progress=False,
+    llm = cpu_llm(str(tmp_path / "one"), dtype="float32", show_progress=False,
               kv_cache_memory=1 << 22)
     assert llm.get_tokenizer().eos_token == "<|im_end|>"
     os.link(good_file, tmp_path / "one" / "other.gguf")
@@ -88,7 +88,7 @@ def test_folder_with_one_gguf_loads_and_two_are_refused(tmp_path, good_file):
 
 def test_without_the_plugin_the_core_says_what_to_install(good_file):
     code = ("from inference_engine import LLM\n"
-            f"LLM({str(good_file)!r}, show_progress=False)\n")
+            f"LLM({str(good_file)!r}, show_progress=False, platform='cpu')\n")
     env = {**os.environ, "INFERENCE_ENGINE_PLUGINS": "builtin,models"}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=120)
@@ -108,20 +108,18 @@ def test_rope_factors_that_are_not_llama3_are_refused(tmp_path):
 
 def test_bad_activation_mode_and_unknown_option_are_named(good_file):
     with pytest.raises(ValueError, match=r"activations='int4' is not one of q8, float"):
-        LLM(str(good_file), show_progress=False, quant_options={"activations": "int4"})
+        cpu_llm(str(good_file), show_progress=False, quant_options={"activations": "int4"})
     unknown = r"'gguf' has no option 'group_size'.*takes: accumulate, activations"
     with pytest.raises(ValueError, match=unknown):
-        LLM(str(good_file), show_progress=False, quant_options={"group_size": "32"})
+        cpu_llm(str(good_file), show_progress=False, quant_options={"group_size": "32"})
     with pytest.raises(ValueError, match=r"accumulate='float128' is not one of default, float64"):
-        LLM(str(good_file), show_progress=False, quant_options={"accumulate": "float128"})
+        cpu_llm(str(good_file), show_progress=False, quant_options={"accumulate": "float128"})
 
 
 def test_quant_option_on_the_command_line(good_file):
-    from inference_engine.testing import run_cli
-
     ok = run_cli("generate", "--model", str(good_file), "--prompt", "hi", "--max-tokens", "2",
-                 "--quant-option", "activations=float", "--json")
+                 "--quant-option", "activations=float", "--json", "--platform", "cpu")
     assert ok.returncode == 0, ok.stderr
     bad = run_cli("generate", "--model", str(good_file), "--prompt", "hi", "--quant-option",
-                  "activations")
+                  "activations", "--platform", "cpu")
     assert bad.returncode == 2 and "--quant-option takes KEY=VALUE, got 'activations'" in bad.stderr

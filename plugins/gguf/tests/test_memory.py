@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import torch
 from gguf.constants import GGMLQuantizationType as T
-from inference_engine import LLM
 from inference_engine.layers.linear import LinearBase
+from inference_engine.testing import cpu_llm
 from inference_engine_gguf.export import export_to_gguf
 from inference_engine_gguf.quant_method import GGMLEmbedding, GGMLLMHead, model_weight_bytes
 
 
 def load(path, **kwargs):
-    return LLM(str(path), dtype="float32", show_progress=False, kv_cache_memory=1 << 22, **kwargs)
+    return cpu_llm(str(path), dtype="float32", show_progress=False, kv_cache_memory=1 << 22,
+                   **kwargs)
 
 
 def test_q4_k_weights_are_at_most_035x_of_bf16(tmp_path, tokenizer, make_hf_model):

@@ -14,7 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 from gguf.constants import GGMLQuantizationType as T
-from inference_engine import LLM, SamplingParams
+from inference_engine import SamplingParams
+from inference_engine.testing import cpu_llm
 from inference_engine.testing_parity import assert_greedy_matches, hf_greedy
 from inference_engine_gguf import q8k_kernels
 from inference_engine_gguf.dequant import dequantize
@@ -81,7 +82,8 @@ def reference_continuations(model, stored, prompt_ids):
 
 K_QUANTS = {T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K}
 def run_engine(path, prompt_ids, **kwargs):
-    llm = LLM(str(path), dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV, **kwargs)
+    llm = cpu_llm(str(path), dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV,
+                  **kwargs)
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False)
     return llm, [list(o.outputs[0].token_ids) for o in outs]
@@ -123,7 +125,7 @@ def test_q8_layers_compute_llamacpp_arithmetic_in_the_engine(case, tmp_path, tok
     model = make_hf_model(arch, seed=len(case), **overrides)
     path = tmp_path / "model.gguf"
     export_to_gguf(model, tokenizer, path, qtype)
-    llm = LLM(str(path), dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV)
+    llm = cpu_llm(str(path), dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV)
     calls = []
     layers = [m for m in llm.engine.model.modules()
               if getattr(m, "gguf_segments", None) or isinstance(m, GGMLLMHead)]
@@ -191,7 +193,7 @@ def test_accumulate_float64_multiplies_float_tensors_in_float64(tmp_path, tokeni
     model = make_hf_model("qwen3", seed=5)
     path = tmp_path / "model.gguf"
     stored = export_to_gguf(model, tokenizer, path, T.F32)
-    llm = LLM(str(path), dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV,
+    llm = cpu_llm(str(path), dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV,
               quant_options={"accumulate": "float64"})
     net = llm.engine.model
     x = torch.randn(5, 256, generator=torch.Generator().manual_seed(1)) * 3

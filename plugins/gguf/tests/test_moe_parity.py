@@ -17,6 +17,7 @@ import torch
 import transformers
 from gguf.constants import GGMLQuantizationType as T
 from inference_engine import LLM, SamplingParams
+from inference_engine.testing import cpu_llm
 from inference_engine.testing_parity import assert_greedy_matches, hf_greedy
 from inference_engine_gguf.export import DEEPSEEK2_BEFORE_KV_B_SPLIT, export_to_gguf
 from inference_engine_gguf.gguf_file import GGUFFile
@@ -153,7 +154,7 @@ def exported(tmp_path_factory, tokenizer):
 
 def load(path: str, **kwargs) -> LLM:
     """The exact product with the file's values (``activations=float``), as transformers runs."""
-    return LLM(path, dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV,
+    return cpu_llm(path, dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV,
                quant_options={"activations": "float"}, **kwargs)
 
 

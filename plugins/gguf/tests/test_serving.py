@@ -7,8 +7,8 @@ import urllib.request
 
 import pytest
 from gguf.constants import GGMLQuantizationType as T
-from inference_engine import LLM, SamplingParams
-from inference_engine.testing import ServerProcess
+from inference_engine import SamplingParams
+from inference_engine.testing import TEST_PLATFORM, ServerProcess, cpu_llm
 from inference_engine_gguf.export import export_to_gguf
 
 
@@ -20,7 +20,7 @@ def lone_file(tmp_path_factory, tokenizer, make_hf_model):
 
 
 def test_chat_uses_the_embedded_template(lone_file, tokenizer):
-    llm = LLM(str(lone_file), dtype="float32", show_progress=False, kv_cache_memory=1 << 22)
+    llm = cpu_llm(str(lone_file), dtype="float32", show_progress=False, kv_cache_memory=1 << 22)
     messages = [{"role": "user", "content": "Say something about foxes."}]
     out = llm.chat(messages, SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))[0]
     expected = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -30,7 +30,7 @@ def test_chat_uses_the_embedded_template(lone_file, tokenizer):
 
 
 def test_serve_answers_chat_from_a_lone_file(lone_file):
-    server = ServerProcess(lone_file, "--dtype", "float32")
+    server = ServerProcess(lone_file, "--dtype", "float32", platform=TEST_PLATFORM)
     try:
         body = json.dumps({"model": str(lone_file), "max_tokens": 4,
                            "messages": [{"role": "user", "content": "hello"}]}).encode()

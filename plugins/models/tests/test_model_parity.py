@@ -18,7 +18,14 @@ from inference_engine.builtin.attention.cpu_paged import CpuPagedAttentionBacken
 from inference_engine.builtin.attention.torch_sdpa import TorchSDPABackend
 from inference_engine.interfaces.attention import KVCacheSpec
 from inference_engine.layers import Attention
-from inference_engine.testing_parity import Seq, Twin, build_twin, hf_logits, run_step
+from inference_engine.testing_parity import (
+    Seq,
+    Twin,
+    build_twin,
+    hf_logits,
+    run_step,
+    tiny_dense_config,
+)
 from inference_engine_models.llama import LlamaForCausalLM
 from inference_engine_models.qwen2 import Qwen2ForCausalLM
 from inference_engine_models.qwen3 import Qwen3ForCausalLM
@@ -37,13 +44,7 @@ NUM_BLOCKS = 16
 
 
 def tiny_config(arch: str, **overrides: Any) -> Any:
-    params: dict[str, Any] = dict(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-        rms_norm_eps=1e-6, tie_word_embeddings=False, attn_implementation="eager",
-    )
-    params.update(overrides)
-    return ARCHS[arch][0](**params)
+    return tiny_dense_config(arch, **overrides)
 
 
 def random_hf_model(arch: str, config: Any, seed: int = 0) -> torch.nn.Module:

@@ -16,14 +16,15 @@ from typing import Any
 import pytest
 import torch
 import transformers
-from inference_engine import LLM, SamplingParams
+from inference_engine import SamplingParams
 from inference_engine.engine.kv_cache import KVCachePool
 from inference_engine.engine.model_runner import attention_layers
 from inference_engine.interfaces.attention import KVCacheSpec
 from inference_engine.layers.mla import MLAAttention
-from inference_engine.testing import train_tiny_tokenizer
+from inference_engine.testing import cpu_llm, train_tiny_tokenizer
 from inference_engine.testing_parity import (
     BACKENDS,
+    MOE_CONFIGS,
     Seq,
     assert_greedy_matches,
     build_twin,
@@ -42,60 +43,16 @@ from inference_engine_models.qwen3_moe import Qwen3MoeForCausalLM
 torch.set_flush_denormal(True)
 
 ATOL = 1e-4
-COMMON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-              max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=False,
-              num_experts_per_tok=2)
 
 
-def qwen3_moe(vocab: int) -> Any:
-    return transformers.Qwen3MoeConfig(
-        vocab_size=vocab, intermediate_size=96, moe_intermediate_size=32, head_dim=16,
-        num_experts=8, norm_topk_prob=True, **COMMON)
-
-
-def granitemoe(vocab: int) -> Any:
-    return transformers.GraniteMoeConfig(
-        vocab_size=vocab, intermediate_size=32, num_local_experts=8, embedding_multiplier=2.0,
-        residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=4.0, **COMMON)
-
-
-def glm4_moe(vocab: int) -> Any:
-    return transformers.Glm4MoeConfig(
-        vocab_size=vocab, intermediate_size=96, moe_intermediate_size=32, head_dim=16,
-        n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1, n_group=2,
-        topk_group=1, norm_topk_prob=True, routed_scaling_factor=1.5, use_qk_norm=True,
-        attention_bias=True, partial_rotary_factor=0.5, **COMMON)
-
-
-def minimax_m2(vocab: int) -> Any:
-    return transformers.MiniMaxM2Config(
-        vocab_size=vocab, intermediate_size=32, head_dim=16, num_local_experts=8,
-        rotary_dim=8, **COMMON)
-
-
-def gpt_oss(vocab: int) -> Any:
-    # sliding_window 5 so the 13-token prompts really slide (layer 0 slides, layer 1 is full).
-    return transformers.GptOssConfig(
-        vocab_size=vocab, intermediate_size=32, head_dim=16, num_local_experts=8,
-        sliding_window=5, **COMMON)
-
-
-def deepseek_v2(vocab: int) -> Any:
-    return transformers.DeepseekV2Config(
-        vocab_size=vocab, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8,
-        n_shared_experts=1, first_k_dense_replace=1, topk_method="group_limited_greedy",
-        n_group=4, topk_group=2, routed_scaling_factor=1.5, kv_lora_rank=32, q_lora_rank=24,
-        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
-        **{**COMMON, "num_key_value_heads": 4})  # MLA: transformers expects kv heads = heads
-
-
+# The tiny configs (2 layers, 8 experts, top-2, hidden 64) live in testing_parity.MOE_CONFIGS.
 ARCHS: dict[str, tuple[Callable[[int], Any], type]] = {
-    "qwen3_moe": (qwen3_moe, Qwen3MoeForCausalLM),
-    "granitemoe": (granitemoe, GraniteMoeForCausalLM),
-    "glm4_moe": (glm4_moe, Glm4MoeForCausalLM),
-    "minimax_m2": (minimax_m2, MiniMaxM2ForCausalLM),
-    "gpt_oss": (gpt_oss, GptOssForCausalLM),
-    "deepseek_v2": (deepseek_v2, DeepseekV2ForCausalLM),
+    "qwen3_moe": (MOE_CONFIGS["qwen3_moe"], Qwen3MoeForCausalLM),
+    "granitemoe": (MOE_CONFIGS["granitemoe"], GraniteMoeForCausalLM),
+    "glm4_moe": (MOE_CONFIGS["glm4_moe"], Glm4MoeForCausalLM),
+    "minimax_m2": (MOE_CONFIGS["minimax_m2"], MiniMaxM2ForCausalLM),
+    "gpt_oss": (MOE_CONFIGS["gpt_oss"], GptOssForCausalLM),
+    "deepseek_v2": (MOE_CONFIGS["deepseek_v2"], DeepseekV2ForCausalLM),
 }
 
 
@@ -202,7 +159,7 @@ def test_missing_expert_is_named_by_checkpoint_name(pair):
 def test_mla_caches_the_latent_and_both_decode_paths_agree():
     """DeepSeek-V2: the cache holds rank + rope values per token (not per-head K/V), and the
     absorbed-weights decode equals the expanded reference (and transformers)."""
-    config = deepseek_v2(256)
+    config = MOE_CONFIGS["deepseek_v2"](256)
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     hf = randomize(transformers.AutoModelForCausalLM.from_config(config))
@@ -265,7 +222,7 @@ def test_engine_greedy_parity_with_chunking_and_preemption(arch, backend, tokeni
     specs = [layer.kv_cache_spec() for layer in attention_layers(build_twin(
         ARCHS[arch][1], config, None).model)]
     block_bytes = KVCachePool.bytes_per_block_for(specs, 4)
-    llm = LLM(str(tmp_path), dtype="float32", show_progress=False, block_size=4,
+    llm = cpu_llm(tmp_path, dtype="float32", show_progress=False, block_size=4,
               max_num_batched_tokens=8, kv_cache_memory=16 * block_bytes,
               attention_backend=backend, enable_prefix_caching=False)
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS,

@@ -32,9 +32,8 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from inference_engine.entrypoints.llm import LLM
 from inference_engine.sampling_params import SamplingParams
-from inference_engine.testing import make_tiny_model, train_tiny_tokenizer
+from inference_engine.testing import cpu_llm, make_tiny_model, train_tiny_tokenizer
 from inference_engine_quant.fp8_testing import load_for_test, prefill_logits
 from safetensors.torch import load_file, save_file
 
@@ -293,7 +292,7 @@ def test_ignored_layers_stay_dense(base_small, tmp_path):
 def test_engine_greedy_equals_act_quant_reference(base_aligned, tmp_path):
     """Generation through LLM (paged attention, decode) vs the tight reference, teacher-forced."""
     deq = write_fp8(base_aligned, tmp_path / "ckpt", "block")
-    llm = LLM(str(tmp_path / "ckpt"), dtype="float32", show_progress=False,
+    llm = cpu_llm(str(tmp_path / "ckpt"), dtype="float32", show_progress=False,
               kv_cache_memory=1 << 22)
     out = llm.generate([PROMPT], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
     tokens = out[0].outputs[0].token_ids

@@ -17,8 +17,8 @@ import shutil
 import pytest
 import torch
 import transformers
-from inference_engine import LLM, SamplingParams
-from inference_engine.testing import make_tiny_model
+from inference_engine import SamplingParams
+from inference_engine.testing import cpu_llm, make_tiny_model
 from inference_engine_quant.fp8_testing import load_for_test, prefill_logits
 from inference_engine_quant.mx_linear import quantized_weight_bytes
 from inference_engine_quant.mx_testing import (
@@ -161,7 +161,7 @@ def test_online_nvfp4_greedy_through_the_engine(qwen3_dir, tmp_path):
     ref_dequantized_online(qwen3_dir, tmp_path / "dq", lambda w: ref_nvfp4(w)[3], fuse=True)
     model = hf_model(tmp_path / "dq")
     model.generation_config.eos_token_id = None
-    llm = LLM(str(qwen3_dir), dtype="float32", quantization="nvfp4", show_progress=False,
+    llm = cpu_llm(str(qwen3_dir), dtype="float32", quantization="nvfp4", show_progress=False,
               kv_cache_memory=1 << 22, block_size=4)
     out = llm.generate([TOKENS], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))
     with torch.no_grad():

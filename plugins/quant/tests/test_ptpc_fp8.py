@@ -6,9 +6,8 @@ import pytest
 import torch
 import transformers
 from inference_engine.builtin.platforms.cpu import CpuPlatform
-from inference_engine.entrypoints.llm import LLM
 from inference_engine.sampling_params import SamplingParams
-from inference_engine.testing import make_tiny_model
+from inference_engine.testing import cpu_llm, make_tiny_model
 from inference_engine_quant.fp8_math import quantize_activation, quantize_weight_per_channel
 from inference_engine_quant.fp8_testing import load_for_test, prefill_logits
 from inference_engine_quant.ptpc_fp8 import PtpcFp8Method
@@ -86,9 +85,9 @@ def test_model_logits_equal_spec_reference(base):
 
 
 def test_llm_quantization_keyword_and_memory(base):
-    llm = LLM(str(base), quantization="ptpc_fp8", dtype="float32", show_progress=False,
+    llm = cpu_llm(str(base), quantization="ptpc_fp8", dtype="float32", show_progress=False,
               kv_cache_memory=1 << 22)
-    dense = LLM(str(base), dtype="float32", show_progress=False, kv_cache_memory=1 << 22)
+    dense = cpu_llm(str(base), dtype="float32", show_progress=False, kv_cache_memory=1 << 22)
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     out = llm.generate([PROMPT], params)[0].outputs[0].token_ids
     assert len(out) == 6

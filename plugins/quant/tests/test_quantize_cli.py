@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from inference_engine.entrypoints.llm import LLM
 from inference_engine.sampling_params import SamplingParams
-from inference_engine.testing import make_tiny_model, run_cli
+from inference_engine.testing import cpu_llm, make_tiny_model, run_cli
 from inference_engine_quant.fp8_testing import load_for_test, prefill_logits
 from inference_engine_quant.quantize_cli import quantize_checkpoint, run_quantize_command
 from inference_engine_quant.quantize_exporters import (
@@ -68,8 +67,9 @@ def test_round_trip_matches_online_quantization(base, tmp_path):
     assert torch.equal(offline, online)
     params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
     kw = dict(dtype="float32", show_progress=False, kv_cache_memory=1 << 22)
-    a = LLM(str(tmp_path / "fp8"), **kw).generate([PROMPT], params)[0].outputs[0].token_ids
-    b = LLM(str(base), quantization="fp8", **kw).generate([PROMPT], params)[0].outputs[0].token_ids
+    a = cpu_llm(str(tmp_path / "fp8"), **kw).generate([PROMPT], params)[0].outputs[0].token_ids
+    b = cpu_llm(str(base), quantization="fp8", **kw).generate([PROMPT], params)[0]
+    b = b.outputs[0].token_ids
     assert a == b and len(a) == 10
 
 
