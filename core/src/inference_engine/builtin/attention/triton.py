@@ -24,7 +24,7 @@ __all__ = ["TritonAttentionBackend"]
 TARGET_PROGRAMS = 256
 # A split gets at least this many keys: below that the reduce costs more than it saves.
 MIN_KEYS_PER_SPLIT = 256
-MAX_SPLITS = 16
+MAX_SPLITS = 32
 # Splits are cut at multiples of this (the widest key tile), so no tile straddles two.
 SPLIT_ALIGN = 64
 
