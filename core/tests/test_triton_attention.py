@@ -347,8 +347,8 @@ def test_low_precision_cache_read_matches_reference(cache_dtype):
 def test_greedy_tokens_match_transformers(tmp_path):
     """A tiny Qwen3 through the engine on the CPU platform with the triton backend."""
     import transformers
-    from inference_engine import LLM, SamplingParams
-    from inference_engine.testing import make_tiny_model, train_tiny_tokenizer
+    from inference_engine import SamplingParams
+    from inference_engine.testing import cpu_llm, make_tiny_model, train_tiny_tokenizer
     from inference_engine.testing_parity import assert_greedy_matches, hf_greedy
 
     tokenizer = train_tiny_tokenizer()
@@ -356,8 +356,8 @@ def test_greedy_tokens_match_transformers(tmp_path):
     prompts = ["The quick brown fox", "Paged attention stores keys and values in fixed"]
     new_tokens = 8
     # Block 4 and an 8-token budget: chunked prefills share steps with decodes.
-    llm = LLM(str(path), dtype="float32", show_progress=False, attention_backend="triton",
-              platform="cpu", block_size=4, max_num_batched_tokens=8, kv_cache_memory=1 << 22)
+    llm = cpu_llm(path, dtype="float32", attention_backend="triton", block_size=4,
+                  max_num_batched_tokens=8, kv_cache_memory=1 << 22)
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=new_tokens,
                                                 ignore_eos=True))
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
