@@ -22,6 +22,7 @@ from inference_engine.interfaces.model import CausalLM, ModelContext
 from inference_engine.layers.attention import Attention
 from inference_engine.layers.cpu_fused import fused_rms_norm
 from inference_engine.layers.embedding import LMHead, VocabEmbedding
+from inference_engine.layers.fused_op_choice import choose_fused_op
 from inference_engine.layers.linear import QKVParallelLinear, RowLinear
 from inference_engine.layers.mlp import GatedMLP
 from inference_engine.layers.norm import RMSNorm, rms_normalize
@@ -112,6 +113,10 @@ class DecoderAttention(nn.Module):
         # Per-head q/k norm weights stacked per head ([heads + kv_heads, head_dim]),
         # made after loading, so the fused CPU norm does all heads in one call.
         self.qk_norm_weight: torch.Tensor | None = None
+        # q/k norm and rotary, chosen once for the device the model is built on.
+        self.fused_op = choose_fused_op(getattr(ctx, "device", None))
+        self._norm_rotate_qk = _norm_rotate_qk_impl(opts.qk_norm, self.qk_norm_per_head,
+                                                    self.fused_op)
         layer_types = getattr(cfg, "layer_types", None)
         sliding = None
         if layer_types is not None and layer_types[layer_idx] == "sliding_attention":
@@ -133,28 +138,90 @@ class DecoderAttention(nn.Module):
     def forward(self, hidden: torch.Tensor, rope: RotaryTable,
                 metadata: AttentionMetadata) -> torch.Tensor:
         """``hidden [T, hidden]`` -> ``[T, hidden]``."""
-        t = hidden.shape[0]
         qkv = self.qkv_proj(hidden)  # [T, q_size + 2 * kv_size]
-        qk_end = self.q_size + self.kv_size
-        h = self.num_heads
-        # q and k are adjacent columns: normalise and rotate all their heads in one pass.
-        if self.q_norm is not None and not self.qk_norm_per_head:
-            q_normed = self.q_norm(qkv[:, :self.q_size])
-            k_normed = self.k_norm(qkv[:, self.q_size:qk_end])
-            qk = torch.cat((q_normed, k_normed), dim=1).view(t, -1, self.head_dim)
-        else:
-            qk = qkv[:, :qk_end].view(t, h + self.num_kv_heads, self.head_dim)
-        fused = (fused_rms_norm(qk, self.qk_norm_weight, self.q_norm.eps)
-                 if self.qk_norm_weight is not None else None)
-        if fused is not None:
-            qk = fused[0]
-        elif self.q_norm is not None and self.qk_norm_per_head:
-            qk = rms_normalize(qk, self.q_norm.eps)
-            qk[:, :h].mul_(self.q_norm.weight)
-            qk[:, h:].mul_(self.k_norm.weight)
-        q, k = rope.rotate(qk).split([h, self.num_kv_heads], dim=1)
-        out = self.attn(q, k, qkv[:, qk_end:], metadata)  # [T, h * head_dim]
+        q, k = self._norm_rotate_qk(self, qkv, rope)  # [T, heads, D], [T, kv_heads, D]
+        out = self.attn(q, k, qkv[:, self.q_size + self.kv_size:], metadata)  # [T, h * D]
         return self.o_proj(out)
+
+
+# The q/k part of DecoderAttention.forward: (layer, qkv [T, q + 2 kv], rope) -> (q, k) as
+# [T, heads, D] and [T, kv_heads, D]. q and k are adjacent columns of qkv, so each variant
+# normalises and rotates all their heads together.
+NormRotateQK = Callable[[DecoderAttention, torch.Tensor, RotaryTable],
+                        tuple[torch.Tensor, torch.Tensor]]
+
+
+def _qk_heads(attn: DecoderAttention, qkv: torch.Tensor) -> torch.Tensor:
+    # [T, heads + kv_heads, D]: a view of qkv's q and k columns.
+    return qkv[:, :attn.q_size + attn.kv_size].view(qkv.shape[0], -1, attn.head_dim)
+
+
+def _split_rotate(attn: DecoderAttention, qk: torch.Tensor,
+                  rope: RotaryTable) -> tuple[torch.Tensor, torch.Tensor]:
+    q, k = rope.rotate(qk).split([attn.num_heads, attn.num_kv_heads], dim=1)
+    return q, k
+
+
+def _rotate_qk(attn: DecoderAttention, qkv: torch.Tensor,
+               rope: RotaryTable) -> tuple[torch.Tensor, torch.Tensor]:
+    """No q/k norm: rotate the q and k heads in one pass."""
+    return _split_rotate(attn, _qk_heads(attn, qkv), rope)
+
+
+def _norm_all_heads_rotate_qk(attn: DecoderAttention, qkv: torch.Tensor,
+                              rope: RotaryTable) -> tuple[torch.Tensor, torch.Tensor]:
+    """q norm over all q heads at once, k norm likewise (MiniMax-M2), then rotary."""
+    q_normed = attn.q_norm(qkv[:, :attn.q_size])
+    k_normed = attn.k_norm(qkv[:, attn.q_size:attn.q_size + attn.kv_size])
+    qk = torch.cat((q_normed, k_normed), dim=1).view(qkv.shape[0], -1, attn.head_dim)
+    return _split_rotate(attn, qk, rope)
+
+
+def _norm_heads_torch(attn: DecoderAttention, qk: torch.Tensor) -> torch.Tensor:
+    qk = rms_normalize(qk, attn.q_norm.eps)
+    qk[:, :attn.num_heads].mul_(attn.q_norm.weight)
+    qk[:, attn.num_heads:].mul_(attn.k_norm.weight)
+    return qk
+
+
+def _norm_heads_rotate_qk_torch(attn: DecoderAttention, qkv: torch.Tensor,
+                                rope: RotaryTable) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-head q/k norm (Qwen3) by torch ops, then rotary."""
+    return _split_rotate(attn, _norm_heads_torch(attn, _qk_heads(attn, qkv)), rope)
+
+
+def _norm_heads_rotate_qk_cpu(attn: DecoderAttention, qkv: torch.Tensor,
+                              rope: RotaryTable) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-head q/k norm by the C++ kernel with the stacked weights where it applies."""
+    qk = _qk_heads(attn, qkv)
+    fused = (fused_rms_norm(qk, attn.qk_norm_weight, attn.q_norm.eps)
+             if attn.qk_norm_weight is not None else None)
+    qk = fused[0] if fused is not None else _norm_heads_torch(attn, qk)
+    return _split_rotate(attn, qk, rope)
+
+
+def _norm_heads_rotate_qk_triton(attn: DecoderAttention, qkv: torch.Tensor,
+                                 rope: RotaryTable) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-head q/k norm and rotary in one Triton launch."""
+    from inference_engine.layers.triton_fused import qk_norm_rotary
+
+    t, d = qkv.shape[0], attn.head_dim
+    q = qkv[:, :attn.q_size].view(t, attn.num_heads, d)
+    k = qkv[:, attn.q_size:attn.q_size + attn.kv_size].view(t, attn.num_kv_heads, d)
+    return qk_norm_rotary(rope, q, k, attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps)
+
+
+def _norm_rotate_qk_impl(qk_norm: bool, per_head: bool, fused_op: str) -> NormRotateQK:
+    """The q/k norm + rotary variant of a layer (its rotary kernel is the table's own)."""
+    if not qk_norm:
+        return _rotate_qk
+    if not per_head:
+        return _norm_all_heads_rotate_qk
+    if fused_op == "triton":
+        import inference_engine.layers.triton_fused  # noqa: F401 - fail at build, not per call
+
+        return _norm_heads_rotate_qk_triton
+    return _norm_heads_rotate_qk_cpu if fused_op == "cpu" else _norm_heads_rotate_qk_torch
 
 
 class DecoderLayer(nn.Module):

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from inference_engine.layers.cpu_fused import fused_rms_norm
+from inference_engine.layers.fused_op_choice import choose_fused_op
 
-__all__ = ["RMSNorm", "rms_normalize"]
+__all__ = ["RMSNorm", "rms_norm_cpu", "rms_norm_impl", "rms_norm_torch", "rms_normalize"]
+
+# (x, weight, eps, residual) -> normed, or (normed, x + residual) with a residual.
+RMSNormFn = Callable[..., "torch.Tensor | tuple[torch.Tensor, torch.Tensor]"]
 
 
 class RMSNorm(nn.Module):
@@ -23,6 +29,10 @@ class RMSNorm(nn.Module):
         hidden_size: size of the normalised (last) dimension.
         eps: added to the mean square.
         dtype: parameter dtype (the model's compute dtype).
+
+    The implementation (:func:`rms_norm_cpu`, the Triton kernel or
+    :func:`rms_norm_torch`) is chosen here, for the device the weight is made on,
+    from the platform's ``fused_op_kernels()``.
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6,
@@ -31,6 +41,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.hidden_size = hidden_size
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
+        # Built under ``torch.device(...)``: the weight's device is where the layer runs.
+        self.fused_op = choose_fused_op(self.weight.device)
+        self._rms_norm: RMSNormFn = rms_norm_impl(self.fused_op)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
@@ -40,16 +53,51 @@ class RMSNorm(nn.Module):
         With ``residual`` the sum ``x + residual`` is normalised and returned
         too, as ``(normed, x + residual)``: the next residual stream.
         """
-        fused = fused_rms_norm(x, self.weight, self.eps, residual)
-        if fused is not None:  # float32 on CPU: one call instead of five ops
-            return fused if residual is not None else fused[0]
-        if residual is not None:
-            x = x + residual
-            return rms_normalize(x, self.eps).mul_(self.weight), x
-        return rms_normalize(x, self.eps).mul_(self.weight)
+        return self._rms_norm(x, self.weight, self.eps, residual)
 
     def extra_repr(self) -> str:
-        return f"{self.hidden_size}, eps={self.eps}"
+        return f"{self.hidden_size}, eps={self.eps}, fused_op={self.fused_op}"
+
+
+def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                   residual: torch.Tensor | None = None
+                   ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """The torch reference: ``weight * normalise(x [+ residual])``, LlamaRMSNorm's rounding.
+
+    Args:
+        x: ``[..., D]``.
+        weight: ``[D]``, or anything broadcasting against ``x`` (``[heads, D]`` for
+            ``x [T, heads, D]``).
+        eps: added to the mean square.
+        residual: same shape as ``x``; the sum (in ``x.dtype``) is normalised.
+
+    Returns:
+        The normalised ``x``; with ``residual``, ``(normed, x + residual)``.
+    """
+    if residual is not None:
+        x = x + residual
+        return rms_normalize(x, eps).mul_(weight), x
+    return rms_normalize(x, eps).mul_(weight)
+
+
+def rms_norm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                 residual: torch.Tensor | None = None
+                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rms_norm_torch` by the C++ kernel where it applies (float32 CPU), else torch."""
+    fused = fused_rms_norm(x, weight, eps, residual)
+    if fused is not None:  # float32 on CPU: one call instead of five ops
+        return fused if residual is not None else fused[0]
+    return rms_norm_torch(x, weight, eps, residual)
+
+
+def rms_norm_impl(fused_op: str) -> RMSNormFn:
+    """The RMSNorm function of a :func:`~inference_engine.layers.fused_op_choice.choose_fused_op`
+    answer."""
+    if fused_op == "triton":
+        from inference_engine.layers.triton_fused import rms_norm
+
+        return rms_norm
+    return rms_norm_cpu if fused_op == "cpu" else rms_norm_torch
 
 
 def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:

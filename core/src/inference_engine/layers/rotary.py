@@ -20,18 +20,57 @@ copy that, since it would make cached keys depend on how a prompt is chunked.)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
 from inference_engine.layers.cpu_fused import fused_rope
+from inference_engine.layers.fused_op_choice import choose_fused_op
 
-__all__ = ["RotaryEmbedding", "RotaryTable", "inv_frequencies", "rope_parameters"]
+__all__ = ["RotaryEmbedding", "RotaryTable", "inv_frequencies", "rope_parameters",
+           "rotate_cpu", "rotate_impl", "rotate_torch"]
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 
+
+
+def rotate_torch(table: RotaryTable, x: torch.Tensor) -> torch.Tensor:
+    """The torch reference of :meth:`RotaryTable.rotate`: a rotated copy of ``x [T, heads,
+    head_dim]`` (any strides), neox halves, partial rotary leaving the tail as it is.
+
+    ``out = x * cos + rotate_half(x) * sin`` as one multiply and two fused
+    multiply-adds, with no concatenation: ``x * cos`` is rounded to the dtype, then
+    each multiply-add once.
+    """
+    if table.rot_dim == table.head_dim:
+        out = x * table.cos
+        out_1, out_2 = out.chunk(2, dim=-1)
+        x_1, x_2 = x.chunk(2, dim=-1)
+        out_1.addcmul_(x_2, table.neg_sin)
+        out_2.addcmul_(x_1, table.sin)
+        return out
+    r, h = table.rot_dim, table.rot_dim // 2
+    out = x.clone()
+    rot = out[..., :r]
+    rot.mul_(table.cos)
+    rot[..., :h].addcmul_(x[..., h:r], table.neg_sin)
+    rot[..., h:].addcmul_(x[..., :h], table.sin)
+    return out
+
+
+def rotate_cpu(table: RotaryTable, x: torch.Tensor) -> torch.Tensor:
+    """:func:`rotate_torch` by one pass of the C++ kernel where it applies (float32 CPU)."""
+    if table.rows is not None and x.dim() == 3:
+        fused = fused_rope(x, table.rows)
+        if fused is not None:
+            return fused
+    return rotate_torch(table, x)
+
+
+RotateFn = Callable[["RotaryTable", torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,34 +84,18 @@ class RotaryTable:
     sin: torch.Tensor
     rot_dim: int
     head_dim: int
-    # [T, 2 * rot_dim]: the rows cos/neg_sin/sin are views of (the fused CPU kernel's input).
+    # [T, 2 * rot_dim]: the rows cos/neg_sin/sin are views of (the fused kernels' input).
     rows: torch.Tensor | None = None
+    # The rotation's implementation, bound by RotaryEmbedding when it was built.
+    impl: RotateFn = field(default=rotate_cpu, compare=False, repr=False)
 
     def rotate(self, x: torch.Tensor) -> torch.Tensor:
         """A rotated copy of ``x [T, heads, head_dim]`` (any strides); neox halves.
 
-        ``out = x * cos + rotate_half(x) * sin``: one pass of a C++ kernel on CPU
-        in float32, else one multiply and two fused multiply-adds, with no
-        concatenation (the reference the kernel is tested against).
+        By the implementation the rotary embedding chose when it was built (the C++
+        or Triton kernel in one pass, else :func:`rotate_torch`).
         """
-        if self.rows is not None and x.dim() == 3:
-            fused = fused_rope(x, self.rows)
-            if fused is not None:
-                return fused
-        if self.rot_dim == self.head_dim:
-            out = x * self.cos
-            out_1, out_2 = out.chunk(2, dim=-1)
-            x_1, x_2 = x.chunk(2, dim=-1)
-            out_1.addcmul_(x_2, self.neg_sin)
-            out_2.addcmul_(x_1, self.sin)
-            return out
-        r, h = self.rot_dim, self.rot_dim // 2
-        out = x.clone()
-        rot = out[..., :r]
-        rot.mul_(self.cos)
-        rot[..., :h].addcmul_(x[..., h:r], self.neg_sin)
-        rot[..., h:].addcmul_(x[..., :h], self.sin)
-        return out
+        return self.impl(self, x)
 
 
 def rope_parameters(config: Any) -> dict[str, Any]:
@@ -242,6 +265,12 @@ class RotaryEmbedding(nn.Module):
         # One row per position: [cos | cos | -sin | sin], so a step needs a single lookup.
         table = torch.cat((cos, cos, -sin, sin), dim=-1).to(dtype)
         self.register_buffer("cos_sin_cache", table, persistent=False)
+        # The rotation's implementation, chosen once for the device the table lives on;
+        # every RotaryTable this module looks up carries it.
+        self.fused_op = choose_fused_op(table.device)
+        self._rotate: RotateFn = rotate_impl(self.fused_op)
+        self._rotate_qk: Callable[..., tuple[torch.Tensor, torch.Tensor]] = (
+            _rotate_qk_impl(self.fused_op))
 
     def lookup(self, positions: torch.Tensor) -> RotaryTable:
         """cos/sin of ``positions [T]``; do it once per step and hand it to every layer."""
@@ -249,17 +278,39 @@ class RotaryEmbedding(nn.Module):
         rows = flat.unsqueeze(1)
         r, h = self.rot_dim, self.rot_dim // 2
         return RotaryTable(rows[..., :r], rows[..., r:r + h], rows[..., r + h:], r, self.head_dim,
-                           flat)
+                           flat, self._rotate)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor,
                 k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotated copies of ``q [T, H*D]`` and ``k [T, KV*D]`` (or ``[T, heads, D]``)."""
-        table = self.lookup(positions)
-        t = positions.shape[0]
-        q_rot = table.rotate(q.view(t, -1, self.head_dim))
-        k_rot = table.rotate(k.view(t, -1, self.head_dim))
-        return q_rot.view(q.shape), k_rot.view(k.shape)
+        return self._rotate_qk(self.lookup(positions), q, k)
 
     def extra_repr(self) -> str:
         return (f"type={self.rope_type}, rot_dim={self.rot_dim}/{self.head_dim}, "
-                f"positions={self.max_position}")
+                f"positions={self.max_position}, fused_op={self.fused_op}")
+
+
+def rotate_impl(fused_op: str) -> RotateFn:
+    """The rotation of a :func:`~inference_engine.layers.fused_op_choice.choose_fused_op`
+    answer, ``(table, x) -> rotated x``."""
+    if fused_op == "triton":
+        from inference_engine.layers.triton_fused import rotary
+
+        return rotary
+    return rotate_cpu if fused_op == "cpu" else rotate_torch
+
+
+def _rotate_each(table: RotaryTable, q: torch.Tensor,
+                 k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    t, d = q.shape[0], table.head_dim
+    q_rot = table.rotate(q.view(t, -1, d))
+    k_rot = table.rotate(k.view(t, -1, d))
+    return q_rot.view(q.shape), k_rot.view(k.shape)
+
+
+def _rotate_qk_impl(fused_op: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    if fused_op == "triton":  # q and k in one launch
+        from inference_engine.layers.triton_fused import rotary_qk
+
+        return rotary_qk
+    return _rotate_each
