@@ -35,7 +35,7 @@ def test_bench_kv_cache_dtype_option(tiny_model):
                      "--kv-cache-memory", str(4 << 20), "--platform", TEST_PLATFORM)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["kv_cache_dtype"] == "bfloat16"
-    bad = run_cli("bench", "--model", tiny_model, "--kv-cache-dtype", "fp8",
+    bad = run_cli("bench", "--model", tiny_model, "--kv-cache-dtype", "fp4",
                   "--platform", TEST_PLATFORM)
     assert bad.returncode == 2 and "--kv-cache-dtype must be one of" in bad.stderr
 

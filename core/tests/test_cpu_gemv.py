@@ -266,7 +266,7 @@ def test_kv_cache_dtype_follows_the_checkpoint(bf16_model):
         specs = llm.engine.runner.pool.specs
         assert specs and all(spec.dtype == expected for spec in specs), (dtype, kv)
     with pytest.raises(ValueError, match="--kv-cache-dtype must be one of"):
-        cpu_llm(str(path), kv_cache_dtype="fp8", show_progress=False)
+        cpu_llm(str(path), kv_cache_dtype="fp4", show_progress=False)
 
 
 def _rounding_cache_update(self, key_states, value_states, *args, **kwargs):

@@ -46,7 +46,7 @@ def test_env_json_reports_this_cpu_machine_truthfully(monkeypatch):
     assert report["versions"]["torch_cuda"] == torch.version.cuda
     present = {q["name"] for q in report["platforms"] if q["present"]}
     assert present == {"cpu"}
-    assert report["attention_backend"] == "paged"
+    assert report["attention_backend"] == "cpu_paged"  # what "auto" takes here
     assert report["quantization_kernels"]["unquantized"] == "unquantized torch matmul"
     assert any(i["name"] == "builtin" and i["status"] == "ok" for i in report["plugins"])
 

@@ -26,7 +26,7 @@ def test_xpu_answers(profile, name):
         assert platform.fp8_dtype() is None and not platform.supports_fp4()
         assert platform.quant_kernels() == ["dequantize + torch matmul"]
         assert platform.supported_dtypes()[0] == torch.bfloat16
-        assert "paged" in platform.attention_backends()
+        assert "torch_sdpa" in platform.attention_backends()
 
 
 def test_xpu_priority_below_cuda_and_forcing():

@@ -24,6 +24,11 @@ class TorchSDPABackend(AttentionBackend):
     name = "torch_sdpa"
     supports_sinks = True
 
+    @classmethod
+    def supports_kv_cache_dtype(cls, dtype: torch.dtype) -> bool:
+        # Any dtype torch casts to and from: fp8 (e4m3) caches with unit scales too.
+        return dtype.is_floating_point
+
     def forward(
         self,
         query: torch.Tensor,
