@@ -128,7 +128,11 @@ def _silu_and_mul_kernel(gu_ptr, out_ptr, N, gu_stride, BLOCK: tl.constexpr):
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up`` for ``gate_up [T, 2N]`` (gate first; rows may be strided) -> ``[T, N]``."""
+    """``silu(gate) * up`` for ``gate_up [T, 2N]`` (gate first; rows may be strided).
+
+    Returns:
+        ``[T, N]`` in ``gate_up.dtype``.
+    """
     if gate_up.stride(-1) != 1:
         gate_up = gate_up.contiguous()
     t, n = gate_up.shape[0], gate_up.shape[-1] // 2
