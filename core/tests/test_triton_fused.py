@@ -312,9 +312,21 @@ def test_model_on_triton_kernels_equals_the_cpu_build(platform_listing, model_cl
 # --------------------------------------------------------------------------- #
 
 
+def assert_bf16_nearly_equal(got: torch.Tensor, ref: torch.Tensor,
+                             max_mismatch: float = 1e-2) -> None:
+    """Equal but for a small fraction of elements, each one bf16 ulp away (same sign)."""
+    assert got.dtype == ref.dtype == torch.bfloat16 and got.shape == ref.shape
+    differs = got != ref
+    assert differs.float().mean().item() <= max_mismatch
+    ulps = (got.view(torch.int16).int() - ref.view(torch.int16).int()).abs()
+    assert ulps.max().item() <= 1
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(INTERPRETING or not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_bf16_kernels_on_gpu_equal_the_torch_rounding():
+def test_bf16_kernels_on_gpu_follow_the_torch_rounding():
+    """Compiled kernels in bf16: the residual sum bit for bit, the rest equal to torch's
+    rounding order but for rare one-ulp differences of float32 intermediates."""
     cuda, bf16 = torch.device("cuda"), torch.bfloat16
     torch.manual_seed(0)
     for width in (24, 80, 2048, 5120):
@@ -324,15 +336,12 @@ def test_bf16_kernels_on_gpu_equal_the_torch_rounding():
         got, got_sum = triton_fused.rms_norm(x, weight, EPS, residual)
         ref, ref_sum = rms_norm_torch(x, weight, EPS, residual)
         assert torch.equal(got_sum, ref_sum)
-        assert (got.float() - ref.float()).abs().max().item() <= 2 ** -6 * ref.abs().max().item()
-        assert (got != ref).float().mean().item() < 0.01  # float32 sum order only
+        assert_bf16_nearly_equal(got, ref)
         gate_up = (torch.randn(33, 2 * width, device=cuda) * 4).to(bf16)
-        assert torch.equal(triton_fused.silu_and_mul(gate_up), silu_and_mul_torch(gate_up))
+        assert_bf16_nearly_equal(triton_fused.silu_and_mul(gate_up),
+                                 silu_and_mul_torch(gate_up), 1e-3)
     rope = RotaryEmbedding(128, 4096, {"rope_type": "default", "rope_theta": 1e6,
                                        "partial_rotary_factor": 1.0}, bf16).to(cuda)
     table = rope.lookup(torch.arange(0, 4000, 97, device=cuda))
     x = torch.randn(len(table.rows), 12, 128, device=cuda).to(bf16)
-    got = triton_fused.rotary(table, x)
-    ref = rotate_torch(table, x)
-    assert (got != ref).float().mean().item() < 0.01  # fma contraction at most
-    torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2)
+    assert_bf16_nearly_equal(triton_fused.rotary(table, x), rotate_torch(table, x))

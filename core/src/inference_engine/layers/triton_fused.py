@@ -5,7 +5,9 @@ mean, rsqrt, multiply and the residual add of an RMSNorm; the SiLU and the
 product; a multiply and two multiply-adds per rotary). Each kernel here
 reproduces the rounding of the torch path it replaces, step by step, in the
 tensor's dtype, so bf16 outputs agree with the torch reference (and with
-transformers) to the last bit up to the order of float32 additions:
+transformers) to the last bit but for rare one-ulp differences where a float32
+intermediate lands by a rounding boundary (the order of a row's float32 sum, the
+hardware's approximate ``exp``, fused multiply-adds):
 
 - :func:`rms_norm`: :class:`~inference_engine.layers.norm.RMSNorm` (reference
   :func:`~inference_engine.layers.norm.rms_norm_torch`);
@@ -59,7 +61,8 @@ def _rms_norm_kernel(x_ptr, w_ptr, res_ptr, out_ptr, sum_ptr, B, x_sa, x_sb, r_s
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
         tl.store(sum_ptr + row * D + offs, x, mask=mask)
     xf = x.to(tl.float32)
-    inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / D + eps)
+    # rsqrt, as torch's rms_norm and the float32 path compute it.
+    inv = tl.math.rsqrt(tl.sum(xf * xf, axis=0) / D + eps)
     # LlamaRMSNorm's order: the normalised value in x's dtype, then the weight.
     normed = (xf * inv).to(x_ptr.dtype.element_ty).to(tl.float32)
     w = tl.load(w_ptr + (row % P) * D + offs, mask=mask, other=0.0).to(tl.float32)
@@ -122,7 +125,9 @@ def _silu_and_mul_kernel(gu_ptr, out_ptr, N, gu_stride, BLOCK: tl.constexpr):
     mask = offs < N
     gate = tl.load(gu_ptr + t * gu_stride + offs, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(gu_ptr + t * gu_stride + N + offs, mask=mask, other=0.0).to(tl.float32)
-    # torch's rounding: silu in the dtype, then the product in the dtype.
+    # torch's rounding: silu in the dtype, then the product in the dtype. NOTE: tl.exp may
+    # be the fast approximate exponential, a few float32 ulps from torch's; a bf16 result
+    # then differs from torch's by one ulp in rare elements.
     act = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)
     tl.store(out_ptr + t * N + offs, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -178,7 +183,7 @@ def _rotary_kernel(x_ptr, y_ptr, out_x_ptr, out_y_ptr, tab_ptr, wx_ptr, wy_ptr,
         ss = tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)
         if HAS_TAIL:
             ss += tl.sum(tail * tail, axis=0)
-        inv = 1.0 / tl.sqrt(ss / D + eps)
+        inv = tl.math.rsqrt(ss / D + eps)
         w1 = tl.load(w_row + offs, mask=m, other=0.0).to(tl.float32)
         w2 = tl.load(w_row + h + offs, mask=m, other=0.0).to(tl.float32)
         x1 = ((x1 * inv).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
