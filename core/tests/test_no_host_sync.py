@@ -120,17 +120,21 @@ def _mixed_rows() -> list[SamplingParams]:
     ]
 
 
-@pytest.mark.parametrize("rows", ["mixed", "greedy", "top_k_only", "seeded_only"])
+@pytest.mark.parametrize("rows", ["mixed", "greedy", "top_k_only", "seeded_only", "penalties"])
 def test_sampling_inside_the_guard_matches_outside(rows):
     params = {
         "mixed": _mixed_rows(),
         "greedy": [SamplingParams(temperature=0.0)] * 3,
         "top_k_only": [SamplingParams(top_k=k) for k in (1, 4, 9, 0)],
         "seeded_only": [SamplingParams(seed=s, top_p=0.9) for s in range(4)],
+        "penalties": [SamplingParams(repetition_penalty=1.3, min_tokens=5, seed=1),
+                      SamplingParams(presence_penalty=0.5, frequency_penalty=0.2, top_k=4),
+                      SamplingParams(temperature=0.0, repetition_penalty=1.1)],
     }[rows]
     logits = torch.randn(len(params), VOCAB, generator=torch.Generator().manual_seed(0))
     outputs = [[1, 2, 3]] * len(params)
-    batch = SamplingBatch.from_rows(params, outputs, VOCAB)
+    batch = SamplingBatch.from_rows(params, outputs, VOCAB, prompt_token_ids=[[4, 5]] * len(params),
+                                    eos_token_ids=[[2]] * len(params))
     expected = Sampler(seed=1).sample_ids(logits, batch)
     with no_host_sync(cuda_debug=False):
         got = Sampler(seed=1).sample_ids(logits, batch)

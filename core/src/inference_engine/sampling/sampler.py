@@ -131,7 +131,9 @@ class Sampler:
             return logits, False
         out = logits.clone()
         if batch.blocked is not None:
-            out[batch.blocked] = NEG_INF
+            # NOTE: a device-side fill value; ``out[idx] = float`` would upload the scalar
+            # from pageable host memory, a synchronous copy on CUDA.
+            out.index_put_(batch.blocked, out.new_full((1,), NEG_INF))
         if batch.has_penalties:
             apply_penalties_(out, batch.seen_mask, batch.repetition_penalty,
                              batch.output_counts, batch.presence_penalty,

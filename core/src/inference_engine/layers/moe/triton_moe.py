@@ -50,13 +50,16 @@ def _grouped_gemm_kernel(
     group_m = min(num_pid_m - first_m, GROUP_SIZE_M)
     pid_m = first_m + ((pid % group) % group_m)
     pid_n = (pid % group) // group_m
-    # The grid covers the static bound on padded rows; blocks past the rows in use do nothing.
-    if pid_m * BLOCK_SIZE_M >= tl.load(num_padded_ptr):
-        return
+    # The grid covers the static bound on padded rows. Blocks past the rows in use read no
+    # activations and store nothing; they still read expert 0's weights (one expert, so mostly
+    # from L2). NOTE: a mask, not an early return: the interpreter (TRITON_INTERPRET=1) of some
+    # Triton versions cannot branch on a loaded value.
+    num_padded = tl.load(num_padded_ptr)
 
     offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
     rows = tl.load(sorted_ids_ptr + offs_m)
-    row_ok = rows < num_valid
+    # All true or all false: num_padded is a whole number of blocks.
+    row_ok = (rows < num_valid) & (offs_m < num_padded)
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
     n_ok = offs_n < N
