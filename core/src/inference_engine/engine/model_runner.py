@@ -100,6 +100,15 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     return sorted(set(sizes))
 
 
+def _graph_unsafe_name(layer: torch.nn.Module) -> str | None:
+    """None when the cache layer's step can be captured: its attention backend says so
+    (``graph_safe``), or a layer without a backend (MLA) declares ``graph_safe = True``."""
+    backend = getattr(layer, "backend", None)
+    if backend is not None:
+        return None if backend.graph_safe else f"attention backend {type(backend).__name__}"
+    return None if getattr(layer, "graph_safe", False) else f"layer {type(layer).__name__}"
+
+
 @dataclass
 class _DecodeGraph:
     graph: Any
@@ -161,11 +170,9 @@ class ModelRunner:
             return False, "enforce_eager is set"
         if not self.platform.supports_graph_capture():
             return False, f"the {self.platform.name} platform cannot capture graphs"
-        unsafe = sorted({type(b).__name__ for layer in self.layers
-                         if (b := getattr(layer, "backend", None)) is not None
-                         and not b.graph_safe})
+        unsafe = sorted({_graph_unsafe_name(layer) for layer in self.layers} - {None})
         if unsafe:
-            return False, f"attention backend {', '.join(unsafe)} is not graph-safe"
+            return False, f"{', '.join(unsafe)} not graph-safe"
         return True, ""
 
     @torch.inference_mode()

@@ -39,7 +39,10 @@ class GptOssForCausalLM(DecoderForCausalLM):
     def make_mlp(self, ctx: ModelContext, prefix: str, layer_idx: int) -> nn.Module | None:
         cfg = ctx.hf_config
         router = RouterSpec(cfg.num_local_experts, cfg.num_experts_per_tok, "topk_softmax")
-        activation = ExpertActivation("swigluoai", alpha=cfg.swiglu_alpha, limit=cfg.swiglu_limit)
+        # transformers before ~5.20 has no swiglu_alpha in the config: its experts hard-code
+        # 1.702 (seen on the GPU machine's 5.17).
+        activation = ExpertActivation("swigluoai", alpha=getattr(cfg, "swiglu_alpha", 1.702),
+                                      limit=cfg.swiglu_limit)
         return SparseMoeBlock(ctx, cfg.hidden_size, cfg.intermediate_size, router, prefix,
                               gate_name="router", gate_bias=True, activation=activation,
                               expert_bias=True, checkpoint_transform=from_gpt_oss_layout)
