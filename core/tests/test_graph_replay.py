@@ -86,8 +86,8 @@ def _engine(path: Any, monkeypatch: pytest.MonkeyPatch, platform: Any, **kwargs:
 
 
 @interp
-@pytest.mark.parametrize("temperature", [0.0, 0.9])
-def test_padded_buckets_give_the_unpadded_tokens(tmp_path, monkeypatch, temperature):
+@pytest.mark.parametrize(("temperature", "run_ahead"), [(0.0, False), (0.9, False), (0.9, True)])
+def test_padded_buckets_give_the_unpadded_tokens(tmp_path, monkeypatch, temperature, run_ahead):
     from inference_engine import SamplingParams
     from inference_engine.testing import make_tiny_model
 
@@ -101,7 +101,8 @@ def test_padded_buckets_give_the_unpadded_tokens(tmp_path, monkeypatch, temperat
     expected = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
 
     platform = ReplayingCpuPlatform()
-    graphed = _engine(path, monkeypatch, platform)
+    # run_ahead: async scheduling, pending tokens written into the graph's input buffer.
+    graphed = _engine(path, monkeypatch, platform, async_scheduling=run_ahead)
     assert graphed.engine.runner.graph_sizes == [1, 2, 4, 6]
     assert "captured 4 decode batch sizes" in graphed.engine.graphs_message
     # 5 requests fill bucket 6 (one padded row); 3 fill bucket 4; 1 is bucket 1.

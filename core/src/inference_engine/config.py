@@ -180,6 +180,9 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     # Split long prompts across steps; when off a prompt must fit the budget whole.
     enable_chunked_prefill: bool = True
+    # Launch step N+1 before step N's sampled ids are read back (vLLM's async scheduling);
+    # None: where the platform says it pays (devices that run asynchronously to the host).
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_seqs is not None and self.max_num_seqs <= 0:

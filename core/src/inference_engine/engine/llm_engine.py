@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -13,7 +13,7 @@ import torch
 from inference_engine.config import EngineConfig
 from inference_engine.engine.kv_cache import BlockManager, KVCachePool, log_capacity
 from inference_engine.engine.loader import load_model
-from inference_engine.engine.model_runner import ModelRunner
+from inference_engine.engine.model_runner import ModelRunner, StepBatch
 from inference_engine.engine.request import FinishReason, Request
 from inference_engine.engine.scheduler import Scheduler, SchedulerOutput
 from inference_engine.interfaces.platform import MemoryProfiler
@@ -33,6 +33,22 @@ DEFAULT_KV_FRACTION = 0.25
 DEFAULT_KV_CAP = 4 << 30
 # Kept out of the KV pool for the decode graphs' private memory pool.
 GRAPH_MEMORY_RESERVE = 512 << 20
+
+
+@dataclass
+class _StepInFlight:
+    """A launched step whose sampled ids are not read back yet."""
+
+    # The requests that sample, in row order.
+    sampling: list[Request]
+    # [rows] int64 sampled ids on the device (the next step feeds pending tokens from it),
+    # and their host copy (filled asynchronously; valid after ``event``).
+    sampled: torch.Tensor | None
+    host: torch.Tensor | None
+    event: Any
+    logprobs: list[Any] | None
+    # request id -> row of ``sampled``.
+    source_rows: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -95,6 +111,11 @@ class LLMEngine:
         self._groups: dict[str, _Group] = {}
         self._ids = itertools.count()
         self._pending_outputs: list[RequestOutput] = []
+        # Async scheduling (vLLM's): step N+1 is launched before step N's ids are read.
+        option = config.scheduler.async_scheduling
+        self.async_scheduling = (self.platform.supports_async_scheduling() if option is None
+                                 else option)
+        self._in_flight: _StepInFlight | None = None
         self.num_generated_tokens = 0
         self.num_prompt_tokens_computed = 0
 
@@ -239,7 +260,7 @@ class LLMEngine:
         return outputs
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._groups) or bool(self._pending_outputs)
+        return bool(self._groups) or bool(self._pending_outputs) or self._in_flight is not None
 
     def request_ids(self) -> list[str]:
         """Ids of the requests not yet finished (as given to :meth:`add_request`)."""
@@ -261,7 +282,12 @@ class LLMEngine:
 
     # ---- the step -------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one scheduled forward; returns outputs of requests that changed."""
+        """Run one scheduled forward; returns outputs of requests that changed.
+
+        With async scheduling the step is launched before the previous one's sampled
+        tokens are read back, and the outputs returned are the previous step's: the
+        host's bookkeeping overlaps the device's work.
+        """
         outputs, self._pending_outputs = self._pending_outputs, []
         out = self.scheduler.schedule()
         touched: dict[str, _Group] = {}
@@ -269,8 +295,20 @@ class LLMEngine:
         for group in list(self._groups.values()):
             if any(c.is_finished for c in group.children) and not group.reported_finished:
                 touched[group.request_id] = group
-        if not out.is_empty:
-            self._run(out, touched)
+        previous, self._in_flight = self._in_flight, None
+        if not out.is_empty and previous is not None and self._needs_host_tokens(out):
+            # Penalties, logprobs: this step needs every earlier token on the host.
+            self._process(previous, touched)
+            previous = None
+            out.scheduled = [s for s in out.scheduled if not s.request.is_finished]
+        launched = self._launch(out, previous) if not out.is_empty else None
+        if previous is not None:
+            self._process(previous, touched)
+        if launched is not None:
+            if self.async_scheduling and launched.sampling:
+                self._in_flight = launched
+            else:
+                self._process(launched, touched)
         for group in touched.values():
             if group.final_only and not all(c.is_finished for c in group.children):
                 continue
@@ -281,7 +319,22 @@ class LLMEngine:
                 self._groups.pop(group.request_id, None)
         return outputs
 
-    def _run(self, out: SchedulerOutput, touched: dict[str, _Group]) -> None:
+    @staticmethod
+    def _needs_host_tokens(out: SchedulerOutput) -> bool:
+        """Whether some request of ``out`` reads its earlier tokens or logprobs on the host
+        (penalties, logprobs, prompt logprobs), so the step cannot run ahead of them."""
+        for s in out.scheduled:
+            p = s.request.params
+            if (p.logprobs is not None or p.prompt_logprobs is not None
+                    or p.repetition_penalty != 1.0 or p.presence_penalty != 0.0
+                    or p.frequency_penalty != 0.0):
+                return True
+        return False
+
+    def _launch(self, out: SchedulerOutput, previous: _StepInFlight | None) -> _StepInFlight:
+        """Run ``out``'s forward and sampling on the device; the ids are read later."""
+        from inference_engine.sampling.batch import SamplingBatch
+
         block_lists = [self.blocks.req_blocks[s.request.request_id] for s in out.scheduled]
         for s in out.scheduled:
             request = s.request
@@ -289,7 +342,11 @@ class LLMEngine:
                 group = self._groups[request.extra["group"]]
                 if request.num_computed_tokens and request.num_preemptions == 0 and not group.num_cached_tokens:
                     group.num_cached_tokens = request.num_computed_tokens
-        logits = self.runner.execute(out, block_lists)
+        batch = StepBatch.from_scheduler(
+            out, block_lists,
+            previous.source_rows if previous is not None else None,
+            previous.sampled if previous is not None else None)
+        logits = self.runner.execute_batch(batch)
         for i, prompt_logits in logits.prompt_logits.items():
             self._add_prompt_logprobs(out.scheduled[i], prompt_logits)
         self.scheduler.update_after_step(out)
@@ -298,15 +355,48 @@ class LLMEngine:
         )
         sampling = [out.scheduled[i].request for i in logits.sample_rows]
         if not sampling:
+            return _StepInFlight([], None, None, None, None)
+        sample_batch = SamplingBatch.from_rows(
+            [r.params for r in sampling],
+            # Pending tokens count: the seeded draw number and min_tokens are lengths.
+            [r.output_token_ids + [-1] * r.num_pending_tokens if r.num_pending_tokens
+             else r.output_token_ids for r in sampling],
+            vocab_size=logits.sample_logits.shape[1],
+            device=logits.sample_logits.device,
+            prompt_token_ids=[r.prompt_token_ids for r in sampling],
+            eos_token_ids=[r.eos_token_ids for r in sampling],
+        )
+        result = self.sampler(logits.sample_logits, sample_batch)
+        host = torch.empty(len(sampling), dtype=torch.int64,
+                           pin_memory=self.platform.pinned_memory())
+        host.copy_(result.sampled_token_ids, non_blocking=True)
+        event = self.platform.record_event()
+        for request in sampling:
+            request.num_pending_tokens += 1
+        source_rows = {r.request_id: row for row, r in enumerate(sampling)}
+        return _StepInFlight(sampling, result.sampled_token_ids, host, event, result.logprobs,
+                             source_rows)
+
+    def _process(self, step: _StepInFlight, touched: dict[str, _Group]) -> None:
+        """Read a launched step's sampled ids back and apply them (stops, outputs)."""
+        if not step.sampling:
             return
-        token_ids, logprobs = self.sampler.sample(logits.sample_logits, sampling)
-        for row, request in enumerate(sampling):
+        if step.event is not None:
+            step.event.synchronize()
+        token_ids = step.host.tolist()
+        for row, request in enumerate(step.sampling):
+            if request.is_finished:
+                # Ended (stop, abort) while this token was on the device: it is dropped.
+                request.num_pending_tokens = 0
+                continue
             token = token_ids[row]
             request.append_token(token)
-            if request.logprobs is not None and logprobs is not None:
-                request.logprobs.append(logprobs[row])
+            if request.logprobs is not None and step.logprobs is not None:
+                request.logprobs.append(step.logprobs[row])
             self.num_generated_tokens += 1
             self._check_stop(request, token)
+            if request.is_finished:
+                request.num_pending_tokens = 0
             touched[request.extra["group"]] = self._groups[request.extra["group"]]
 
     def _add_prompt_logprobs(self, scheduled: Any, logits: torch.Tensor) -> None:
@@ -350,7 +440,8 @@ class LLMEngine:
             stop_reason = token if token in (params.stop_token_ids or ()) else None
             self.scheduler.finish(request, FinishReason.STOP, stop_reason)
             detok.flush()
-        elif num_out >= request.max_new_tokens() or request.num_tokens >= self.max_model_len:
+        elif (num_out >= request.max_new_tokens()
+              or len(request.all_token_ids) >= self.max_model_len):
             self.scheduler.finish(request, FinishReason.LENGTH)
             detok.flush()
 

@@ -18,7 +18,7 @@ import bisect
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -63,11 +63,23 @@ class StepBatch:
     sample_rows: list[int]
     # Sequences that want the logits of every position (prompt_logprobs).
     prompt_rows: list[int]
+    # Async scheduling: (sequence, row of ``pending_ids``) of each decode whose input token
+    # was sampled by the step before and is still only on the device.
+    pending_rows: list[tuple[int, int]] = field(default_factory=list)
+    # That step's sampled ids, ``[rows]`` int64 on the device.
+    pending_ids: torch.Tensor | None = None
 
     @classmethod
-    def from_scheduler(cls, out: SchedulerOutput, block_lists: Sequence[Sequence[int]]
-                       ) -> StepBatch:
+    def from_scheduler(cls, out: SchedulerOutput, block_lists: Sequence[Sequence[int]],
+                       pending_source: dict[str, int] | None = None,
+                       pending_ids: torch.Tensor | None = None) -> StepBatch:
+        """The step of ``out``; ``pending_source`` maps a request id to its row of
+        ``pending_ids`` (the previous step's sampled ids) for requests with a pending token."""
         scheduled = out.scheduled
+        pending_rows = []
+        if pending_source:
+            pending_rows = [(i, pending_source[s.request.request_id])
+                            for i, s in enumerate(scheduled) if s.request.num_pending_tokens]
         return cls(
             token_ids=[s.request.all_token_ids for s in scheduled],
             num_computed=[s.request.num_computed_tokens for s in scheduled],
@@ -79,6 +91,8 @@ class StepBatch:
                 if s.request.params.prompt_logprobs is not None
                 and s.request.num_computed_tokens < s.request.num_prompt_tokens
             ],
+            pending_rows=pending_rows,
+            pending_ids=pending_ids if pending_rows else None,
         )
 
     @property
@@ -233,8 +247,15 @@ class ModelRunner:
         pos = 0
         for tokens, nc, ql in zip(batch.token_ids, batch.num_computed, batch.query_lens,
                                   strict=True):
-            ids[pos : pos + ql] = tokens[nc : nc + ql] if ql > 1 else tokens[nc]
+            if ql > 1:
+                ids[pos : pos + ql] = tokens[nc : nc + ql]
+            else:  # a pending token (not on the host yet) is filled in on the device
+                ids[pos] = tokens[nc] if nc < len(tokens) else 0
             pos += ql
+        if batch.pending_rows:
+            pending = np.asarray(batch.pending_rows, dtype=np.int64)
+            buf.host_view("pending_index", len(pending))[:] = cu[pending[:, 0]]
+            buf.host_view("pending_source", len(pending))[:] = pending[:, 1]
         req_index = np.repeat(np.arange(n), q)
         positions = buf.host_view("positions", total)
         np.subtract(np.arange(total), cu[:-1][req_index], out=positions)
@@ -330,6 +351,7 @@ class ModelRunner:
             return self._replay(batch)
         total, cu = self._fill(batch)
         self.buffers.upload(n)
+        self._fill_pending(batch)
         metadata = self._metadata(batch, total)
         hidden = self.model(self.buffers.device_view("input_ids", total),
                             self.buffers.device_view("positions", total), metadata)
@@ -344,6 +366,18 @@ class ModelRunner:
         sample_logits = self.model.compute_logits(sample_hidden)
         return StepLogits(sample_logits, rows, prompt_logits)
 
+    def _fill_pending(self, batch: StepBatch) -> None:
+        """Write the previous step's sampled ids into the device input ids of the decodes
+        still waiting for them (async scheduling); nothing is read back."""
+        if not batch.pending_rows:
+            return
+        count = len(batch.pending_rows)
+        buf = self.buffers
+        index = buf.device_view("pending_index", count)
+        source = buf.device_view("pending_source", count)
+        ids = buf.device_view("input_ids", buf.max_tokens)
+        ids.index_copy_(0, index, batch.pending_ids.index_select(0, source))
+
     def _replay(self, batch: StepBatch) -> StepLogits:
         n = len(batch.query_lens)
         size = self._graph_sizes[bisect.bisect_left(self._graph_sizes, n)]
@@ -356,6 +390,7 @@ class ModelRunner:
             buf.host_view("query_start_loc", size + 1)[n + 1 :] = np.arange(n + 1, size + 1)
             buf.host_view("seq_lens", size)[n:] = 0
         buf.upload(size)
+        self._fill_pending(batch)
         entry = self._graphs[size]
         entry.graph.replay()
         return StepLogits(entry.logits[:n], batch.sample_rows, {})

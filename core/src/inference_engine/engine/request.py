@@ -44,6 +44,10 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
+    # Tokens sampled by a step still running on the device (async scheduling): they
+    # count for scheduling (the next step feeds them from the device) but are not in
+    # ``output_token_ids`` until read back (:meth:`append_token` resolves one).
+    num_pending_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     # The stop string or token id that ended it.
@@ -63,7 +67,8 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.all_token_ids)
+        """Known tokens, those still being sampled on the device included."""
+        return len(self.all_token_ids) + self.num_pending_tokens
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -74,8 +79,17 @@ class Request:
         return self.status is RequestStatus.FINISHED
 
     def append_token(self, token_id: int) -> None:
+        """Add a sampled token (resolving a pending one, if any)."""
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+        if self.num_pending_tokens:
+            self.num_pending_tokens -= 1
+
+    def will_stop_by_length(self) -> bool:
+        """Whether the tokens known or pending already reach max_tokens or the context
+        limit: the request ends when they are read back, so it is not scheduled again."""
+        num_out = len(self.output_token_ids) + self.num_pending_tokens
+        return num_out >= self.max_new_tokens() or self.num_tokens >= self.max_model_len
 
     def max_new_tokens(self) -> int:
         room = self.max_model_len - self.num_prompt_tokens

@@ -123,6 +123,10 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             remaining = request.num_tokens - request.num_computed_tokens
+            if request.num_pending_tokens and (remaining == 0 or request.will_stop_by_length()):
+                # Async scheduling: its last token is still on the device and ends it.
+                i += 1
+                continue
             num_new = min(remaining, budget)
             target = request.num_computed_tokens + num_new
             while not self.blocks.allocate(request.request_id, target):
@@ -139,6 +143,8 @@ class Scheduler:
 
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
+            if request.num_pending_tokens:
+                break  # preempted with a token still on the device: recompute once it is read
             if request.num_computed_tokens == 0 and request.params.prompt_logprobs is None:
                 request.num_computed_tokens = self.blocks.match_prefix(
                     request.request_id, request.all_token_ids

@@ -21,7 +21,8 @@ __all__ = ["StepInputBuffers"]
 # Field order in the packed buffer; the block tables come last so a step uploads
 # up to the end of the rows it uses.
 FIELDS = ("input_ids", "positions", "slot_mapping", "slot_blocks", "slot_offsets",
-          "query_start_loc", "seq_lens", "sample_index", "block_tables")
+          "query_start_loc", "seq_lens", "sample_index", "pending_index", "pending_source",
+          "block_tables")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,7 @@ class StepInputBuffers:
             "input_ids": max_tokens, "positions": max_tokens, "slot_mapping": max_tokens,
             "slot_blocks": max_tokens, "slot_offsets": max_tokens,
             "query_start_loc": max_seqs + 1, "seq_lens": max_seqs, "sample_index": max_seqs,
+            "pending_index": max_seqs, "pending_source": max_seqs,
             "block_tables": max_seqs * max_blocks_per_seq,
         }
         self.spans: dict[str, _Span] = {}

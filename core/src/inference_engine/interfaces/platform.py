@@ -234,6 +234,16 @@ class Platform(ABC):  # noqa: B024 - every method has a working default
         step can be captured); a no-op where the device is the host."""
         return nullcontext()
 
+    def supports_async_scheduling(self) -> bool:
+        """Whether the device runs work asynchronously to the host, so scheduling the next
+        step while this one runs pays (the default for ``async_scheduling``)."""
+        return False
+
+    def record_event(self) -> Any:
+        """A marker of the work queued so far, with ``synchronize()`` to wait for it; None
+        where work is done when the call returns (the host)."""
+        return None
+
     def default_max_num_seqs(self) -> int:
         """``max_num_seqs`` when none is given: what a step of this device handles well."""
         return 128

@@ -135,6 +135,14 @@ class RocmPlatform(Platform):
 
         return cuda_sync_forbidden()
 
+    def supports_async_scheduling(self) -> bool:
+        return not self.info.simulated
+
+    def record_event(self):  # noqa: ANN201 - as Platform's
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
     def supports_graph_capture(self) -> bool:
         # HIP graphs through torch.cuda.CUDAGraph on ROCm builds.
         return not self.info.simulated

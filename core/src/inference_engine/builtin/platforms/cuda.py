@@ -172,6 +172,14 @@ class CudaPlatform(Platform):
     def default_max_num_seqs(self) -> int:
         return 256
 
+    def supports_async_scheduling(self) -> bool:
+        return not self.info.simulated
+
+    def record_event(self) -> Any:
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
     def capture_graph(self, fn: Callable[[], Any], pool: Any = None) -> tuple[Any, Any, Any]:
         return capture_cuda_graph(fn, pool)
 
