@@ -106,6 +106,9 @@ def generate(
                                "what weights and a profiling forward leave.")] = 0.9,
     enforce_eager: Annotated[bool, typer.Option(
         help="Never capture CUDA graphs (every step eager).")] = False,
+    async_scheduling: Annotated[Optional[bool], typer.Option(
+        help="Launch each step before the previous one's tokens are read back; default: on "
+             "for GPUs, off on CPU.")] = None,
     ignore_eos: Annotated[bool, typer.Option(help="Do not stop at EOS.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per prompt per line.")] = False,
     quantization: Annotated[Optional[str], typer.Option(
@@ -130,7 +133,7 @@ def generate(
                                 top_k=top_k, seed=seed, ignore_eos=ignore_eos)
         llm = LLM(model, dtype=dtype, attention_backend=attention_backend, block_size=block_size,
                   kv_cache_dtype=kv_cache_dtype, gpu_memory_utilization=gpu_memory_utilization,
-                  enforce_eager=enforce_eager,
+                  enforce_eager=enforce_eager, async_scheduling=async_scheduling,
                   kv_cache_memory=kv_cache_memory, show_progress=not as_json,
                   quantization=quantization, dequantize_at_load=dequantize_at_load,
                   quant_options=parse_key_values(quant_option, "--quant-option"),
@@ -258,6 +261,9 @@ def serve(
                                "what weights and a profiling forward leave.")] = 0.9,
     enforce_eager: Annotated[bool, typer.Option(
         help="Never capture CUDA graphs (every step eager).")] = False,
+    async_scheduling: Annotated[Optional[bool], typer.Option(
+        help="Launch each step before the previous one's tokens are read back; default: on "
+             "for GPUs, off on CPU.")] = None,
     enable_prefix_caching: Annotated[bool, typer.Option(
         help="Reuse cached prompt blocks across requests.")] = True,
     attention_backend: Annotated[str, typer.Option(
@@ -308,6 +314,7 @@ def serve(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             kv_cache_memory=_parse_bytes(kv_cache_memory),
             gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
+            async_scheduling=async_scheduling,
             enable_prefix_caching=enable_prefix_caching, attention_backend=attention_backend,
             kv_cache_dtype=kv_cache_dtype, device_ids=device_ids, platform=platform, seed=seed,
             quantization=quantization, dequantize_at_load=dequantize_at_load,

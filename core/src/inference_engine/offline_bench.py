@@ -93,6 +93,9 @@ def bench_command(
         min=0.0, max=1.0, help="Fraction of GPU memory the engine may use.")] = 0.9,
     enforce_eager: Annotated[bool, typer.Option(
         help="Never capture CUDA graphs (every step eager).")] = False,
+    async_scheduling: Annotated[Optional[bool], typer.Option(  # noqa: UP045
+        help="Launch each step before the previous one's tokens are read back; default: on "
+             "for GPUs, off on CPU.")] = None,
     quantization: Annotated[Optional[str], typer.Option(  # noqa: UP045
         help="Registered quantization method.")] = None,
     quant_option: Annotated[Optional[list[str]], typer.Option(  # noqa: UP045
@@ -111,6 +114,7 @@ def bench_command(
                               "kv_cache_memory": kv_cache_memory, "kv_cache_dtype": kv_cache_dtype,
                               "gpu_memory_utilization": gpu_memory_utilization,
                               "enforce_eager": enforce_eager,
+                              "async_scheduling": async_scheduling,
                               "device_ids": device_ids,
                               "platform": platform}
     if quantization is not None:
