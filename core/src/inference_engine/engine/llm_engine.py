@@ -14,6 +14,7 @@ from inference_engine.config import EngineConfig
 from inference_engine.engine.kv_cache import BlockManager, KVCachePool, log_capacity
 from inference_engine.engine.loader import load_model
 from inference_engine.engine.model_runner import ModelRunner, StepBatch
+from inference_engine.engine.output_state import RequestGroup, SequenceState
 from inference_engine.engine.request import FinishReason, Request
 from inference_engine.engine.scheduler import Scheduler, SchedulerOutput
 from inference_engine.interfaces.platform import MemoryProfiler
@@ -39,8 +40,8 @@ GRAPH_MEMORY_RESERVE = 512 << 20
 class _StepInFlight:
     """A launched step whose sampled ids are not read back yet."""
 
-    # The requests that sample, in row order.
-    sampling: list[Request]
+    # The sequences that sample, in row order.
+    sampling: list[SequenceState]
     # [rows] int64 sampled ids on the device (the next step feeds pending tokens from it),
     # and their host copy (filled asynchronously; valid after ``event``).
     sampled: torch.Tensor | None
@@ -49,21 +50,6 @@ class _StepInFlight:
     logprobs: list[Any] | None
     # request id -> row of ``sampled``.
     source_rows: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass
-class _Group:
-    """A user request: its prompt and the ``n`` sequences sampled for it."""
-
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    children: list[Request]
-    num_cached_tokens: int = 0
-    reported_finished: bool = False
-    # Report only the finished output (offline generate): no per-step outputs, and text
-    # detokenized once at the end unless stop strings need it as it grows.
-    final_only: bool = False
 
 
 class LLMEngine:
@@ -108,7 +94,9 @@ class LLMEngine:
         from inference_engine.sampling.sampler import Sampler
 
         self.sampler = Sampler(seed=config.model.seed, tokenizer=self.tokenizer)
-        self._groups: dict[str, _Group] = {}
+        self._groups: dict[str, RequestGroup] = {}
+        # Child request id -> its output state.
+        self._sequences: dict[str, SequenceState] = {}
         self._ids = itertools.count()
         self._pending_outputs: list[RequestOutput] = []
         # Async scheduling (vLLM's): step N+1 is launched before step N's ids are read.
@@ -216,7 +204,7 @@ class LLMEngine:
             raise ValueError(f"prompt token ids outside the vocabulary [0, {vocab}): {bad[:8]}")
         stop_ids = frozenset(params.stop_token_ids or ())
         eos = stop_ids if params.ignore_eos else self.eos_token_ids | stop_ids
-        children = []
+        group = RequestGroup(request_id, text, token_ids, final_only=final_only)
         for index in range(params.n):
             child_params = params if params.n == 1 else params.for_sample(index)
             child_id = request_id if params.n == 1 else f"{request_id}#{index}"
@@ -227,14 +215,12 @@ class LLMEngine:
                 eos_token_ids=eos,
                 max_model_len=self.max_model_len,
             )
-            child.extra["index"] = index
-            child.extra["group"] = request_id
-            child.extra["detokenizer"] = self._detokenizer(token_ids, child_params)
-            children.append(child)
-        group = _Group(request_id, text, token_ids, children, final_only=final_only)
+            group.children.append(SequenceState(
+                child, group, index, self._detokenizer(token_ids, child_params)))
         self._groups[request_id] = group
-        for child in children:
-            self.scheduler.add(child)
+        for state in group.children:
+            self._sequences[state.request.request_id] = state
+            self.scheduler.add(state.request)
         return request_id
 
     def _detokenizer(self, prompt_token_ids: list[int], params: SamplingParams) -> Any:
@@ -253,11 +239,17 @@ class LLMEngine:
             if group is None:
                 continue
             for child in group.children:
-                self.scheduler.abort(child.request_id)
+                self.scheduler.abort(child.request.request_id)
             outputs.append(self._group_output(group))
-            group.reported_finished = True
-            del self._groups[rid]
+            self._forget(group)
         return outputs
+
+    def _forget(self, group: RequestGroup) -> None:
+        """The group is reported finished: drop the engine's state of it."""
+        group.reported_finished = True
+        self._groups.pop(group.request_id, None)
+        for child in group.children:
+            self._sequences.pop(child.request.request_id, None)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._groups) or bool(self._pending_outputs) or self._in_flight is not None
@@ -290,11 +282,11 @@ class LLMEngine:
         """
         outputs, self._pending_outputs = self._pending_outputs, []
         out = self.scheduler.schedule()
-        touched: dict[str, _Group] = {}
-        # Requests the scheduler ended by itself (too long for the whole pool).
-        for group in list(self._groups.values()):
-            if any(c.is_finished for c in group.children) and not group.reported_finished:
-                touched[group.request_id] = group
+        touched: dict[str, RequestGroup] = {}
+        for request, error in out.failed:  # ended by the scheduler itself
+            state = self._sequences[request.request_id]
+            state.error = error
+            touched[state.group.request_id] = state.group
         previous, self._in_flight = self._in_flight, None
         if not out.is_empty and previous is not None and self._needs_host_tokens(out):
             # Penalties, logprobs: this step needs every earlier token on the host.
@@ -310,13 +302,12 @@ class LLMEngine:
             else:
                 self._process(launched, touched)
         for group in touched.values():
-            if group.final_only and not all(c.is_finished for c in group.children):
+            if group.final_only and not group.finished:
                 continue
             output = self._group_output(group)
             outputs.append(output)
             if output.finished:
-                group.reported_finished = True
-                self._groups.pop(group.request_id, None)
+                self._forget(group)
         return outputs
 
     @staticmethod
@@ -335,15 +326,14 @@ class LLMEngine:
         """Run ``out``'s forward and sampling on the device; the ids are read later."""
         from inference_engine.sampling.batch import SamplingBatch
 
-        block_lists = [self.blocks.req_blocks[s.request.request_id] for s in out.scheduled]
         for s in out.scheduled:
             request = s.request
             if request.num_computed_tokens < request.num_prompt_tokens:
-                group = self._groups[request.extra["group"]]
+                group = self._sequences[request.request_id].group
                 if request.num_computed_tokens and request.num_preemptions == 0 and not group.num_cached_tokens:
                     group.num_cached_tokens = request.num_computed_tokens
         batch = StepBatch.from_scheduler(
-            out, block_lists,
+            out, None,
             previous.source_rows if previous is not None else None,
             previous.sampled if previous is not None else None)
         logits = self.runner.execute_batch(batch)
@@ -353,89 +343,94 @@ class LLMEngine:
         self.num_prompt_tokens_computed += sum(
             s.num_new_tokens for s in out.scheduled if not s.samples or s.num_new_tokens > 1
         )
-        sampling = [out.scheduled[i].request for i in logits.sample_rows]
+        sampling = [self._sequences[out.scheduled[i].request.request_id]
+                    for i in logits.sample_rows]
         if not sampling:
             return _StepInFlight([], None, None, None, None)
+        requests = [state.request for state in sampling]
         sample_batch = SamplingBatch.from_rows(
-            [r.params for r in sampling],
+            [r.params for r in requests],
             # Pending tokens count: the seeded draw number and min_tokens are lengths.
             [r.output_token_ids + [-1] * r.num_pending_tokens if r.num_pending_tokens
-             else r.output_token_ids for r in sampling],
+             else r.output_token_ids for r in requests],
             vocab_size=logits.sample_logits.shape[1],
             device=logits.sample_logits.device,
-            prompt_token_ids=[r.prompt_token_ids for r in sampling],
-            eos_token_ids=[r.eos_token_ids for r in sampling],
+            prompt_token_ids=[r.prompt_token_ids for r in requests],
+            eos_token_ids=[r.eos_token_ids for r in requests],
         )
         result = self.sampler(logits.sample_logits, sample_batch)
         host = torch.empty(len(sampling), dtype=torch.int64,
                            pin_memory=self.platform.pinned_memory())
         host.copy_(result.sampled_token_ids, non_blocking=True)
         event = self.platform.record_event()
-        for request in sampling:
+        for request in requests:
             request.num_pending_tokens += 1
-        source_rows = {r.request_id: row for row, r in enumerate(sampling)}
+        source_rows = {r.request_id: row for row, r in enumerate(requests)}
         return _StepInFlight(sampling, result.sampled_token_ids, host, event, result.logprobs,
                              source_rows)
 
-    def _process(self, step: _StepInFlight, touched: dict[str, _Group]) -> None:
+    def _process(self, step: _StepInFlight, touched: dict[str, RequestGroup]) -> None:
         """Read a launched step's sampled ids back and apply them (stops, outputs)."""
         if not step.sampling:
             return
         if step.event is not None:
             step.event.synchronize()
         token_ids = step.host.tolist()
-        for row, request in enumerate(step.sampling):
+        for row, state in enumerate(step.sampling):
+            request = state.request
             if request.is_finished:
                 # Ended (stop, abort) while this token was on the device: it is dropped.
                 request.num_pending_tokens = 0
                 continue
             token = token_ids[row]
             request.append_token(token)
-            if request.logprobs is not None and step.logprobs is not None:
-                request.logprobs.append(step.logprobs[row])
+            if state.logprobs is not None and step.logprobs is not None:
+                state.logprobs.append(step.logprobs[row])
             self.num_generated_tokens += 1
-            self._check_stop(request, token)
+            self._check_stop(state, token)
             if request.is_finished:
                 request.num_pending_tokens = 0
-            touched[request.extra["group"]] = self._groups[request.extra["group"]]
+            touched[state.group.request_id] = state.group
 
     def _add_prompt_logprobs(self, scheduled: Any, logits: torch.Tensor) -> None:
         from inference_engine.sampling.logprobs import prompt_logprobs
 
         request = scheduled.request
+        state = self._sequences[request.request_id]
         start = request.num_computed_tokens
-        if request.prompt_logprobs is None:
-            request.prompt_logprobs = [None]
+        if state.prompt_logprobs is None:
+            state.prompt_logprobs = [None]
         # Row j predicts token start + j + 1; only prompt positions count, and a
         # recomputed (preempted) prefix is not counted twice.
-        have = len(request.prompt_logprobs) - 1
+        have = len(state.prompt_logprobs) - 1
         end = min(start + scheduled.num_new_tokens, request.num_prompt_tokens - 1)
         if end > have >= start:
             targets = request.prompt_token_ids[have + 1 : end + 1]
-            request.prompt_logprobs.extend(
+            state.prompt_logprobs.extend(
                 prompt_logprobs(logits[have - start : end - start], targets,
                                 request.params.prompt_logprobs, self.tokenizer)
             )
 
-    def _check_stop(self, request: Request, token: int) -> None:
-        detok = request.extra["detokenizer"]
+    def _check_stop(self, state: SequenceState, token: int) -> None:
+        request = state.request
+        detok = state.detokenizer
         params = request.params
         num_out = len(request.output_token_ids)
         is_eos = token in request.eos_token_ids and num_out > params.min_tokens - 1
         stop_strings = params.stop or []
-        if stop_strings or not self._groups[request.extra["group"]].final_only:
+        if stop_strings or not state.group.final_only:
             detok.add_tokens([token])  # else _group_output catches up once, at the end
         if stop_strings and num_out >= params.min_tokens:
             from inference_engine.detokenizer import find_stop
 
-            hit = find_stop(detok.text, request.extra.get("checked_len", 0), stop_strings,
+            hit = find_stop(detok.text, state.checked_len, stop_strings,
                             params.include_stop_str_in_output)
             if hit is not None:
                 text, stop = hit
-                request.extra["final_text"] = text
+                state.final_text = text
                 self.scheduler.finish(request, FinishReason.STOP, stop)
                 return
-            request.extra["checked_len"] = len(detok.text)
+            state.checked_len = len(detok.text)
         if is_eos:
             stop_reason = token if token in (params.stop_token_ids or ()) else None
             self.scheduler.finish(request, FinishReason.STOP, stop_reason)
@@ -445,41 +440,40 @@ class LLMEngine:
             self.scheduler.finish(request, FinishReason.LENGTH)
             detok.flush()
 
-    def _group_output(self, group: _Group) -> RequestOutput:
+    def _group_output(self, group: RequestGroup) -> RequestOutput:
         completions = []
         for child in group.children:
-            detok = child.extra["detokenizer"]
-            missing = len(child.output_token_ids) - detok.num_output_tokens
+            request, detok = child.request, child.detokenizer
+            missing = len(request.output_token_ids) - detok.num_output_tokens
             if missing > 0:  # a final_only request's text, decoded at once
-                detok.add_tokens(child.output_token_ids[-missing:])
-                if child.is_finished:
+                detok.add_tokens(request.output_token_ids[-missing:])
+                if request.is_finished:
                     detok.flush()
-            text = child.extra.get("final_text")
+            text = child.final_text
             if text is None:
                 text = detok.text
-                if not child.is_finished and child.params.stop:
+                if not request.is_finished and request.params.stop:
                     from inference_engine.detokenizer import stop_holdback
 
-                    text = text[: len(text) - stop_holdback(text, child.params.stop)]
+                    text = text[: len(text) - stop_holdback(text, request.params.stop)]
             completions.append(
                 CompletionOutput(
-                    index=child.extra["index"],
+                    index=child.index,
                     text=text,
-                    token_ids=list(child.output_token_ids),
+                    token_ids=list(request.output_token_ids),
                     logprobs=list(child.logprobs) if child.logprobs is not None else None,
-                    finish_reason=child.finish_reason.value if child.finish_reason else None,
-                    stop_reason=child.stop_reason,
+                    finish_reason=request.finish_reason.value if request.finish_reason else None,
+                    stop_reason=request.stop_reason,
                 )
             )
-        first = group.children[0]
-        errors = [c.extra["error"] for c in group.children if "error" in c.extra]
+        errors = [c.error for c in group.children if c.error is not None]
         return RequestOutput(
             request_id=group.request_id,
             prompt=group.prompt,
             prompt_token_ids=group.prompt_token_ids,
             outputs=completions,
-            finished=all(c.is_finished for c in group.children),
-            prompt_logprobs=first.prompt_logprobs,
+            finished=group.finished,
+            prompt_logprobs=group.children[0].prompt_logprobs,
             num_cached_tokens=group.num_cached_tokens,
             error=errors[0] if errors else None,
         )

@@ -70,12 +70,15 @@ class StepBatch:
     pending_ids: torch.Tensor | None = None
 
     @classmethod
-    def from_scheduler(cls, out: SchedulerOutput, block_lists: Sequence[Sequence[int]],
+    def from_scheduler(cls, out: SchedulerOutput,
+                       block_lists: Sequence[Sequence[int]] | None = None,
                        pending_source: dict[str, int] | None = None,
                        pending_ids: torch.Tensor | None = None) -> StepBatch:
         """The step of ``out``; ``pending_source`` maps a request id to its row of
         ``pending_ids`` (the previous step's sampled ids) for requests with a pending token."""
         scheduled = out.scheduled
+        if block_lists is None:
+            block_lists = [s.block_ids for s in scheduled]
         pending_rows = []
         if pending_source:
             pending_rows = [(i, pending_source[s.request.request_id])
@@ -340,7 +343,8 @@ class ModelRunner:
 
     # ---- the step -------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput, block_lists: list[list[int]]) -> StepLogits:
+    def execute(self, out: SchedulerOutput,
+                block_lists: list[list[int]] | None = None) -> StepLogits:
         """Run the step's forward and return the logits the sampler needs."""
         return self.execute_batch(StepBatch.from_scheduler(out, block_lists))
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
-
 from inference_engine.sampling_params import SamplingParams
 
 __all__ = ["FinishReason", "Request", "RequestStatus"]
@@ -27,7 +25,8 @@ class FinishReason(str, enum.Enum):
 
 @dataclass(eq=False)
 class Request:
-    """A sequence: prompt, generated tokens and how much of it the cache holds.
+    """A sequence as the scheduler sees it: prompt, generated tokens and how much of it
+    the cache holds (what the engine reports lives in ``output_state.SequenceState``).
 
     ``num_computed_tokens`` counts tokens whose K/V are in the cache; the
     scheduler advances it, preemption resets it to zero (recompute).
@@ -53,17 +52,10 @@ class Request:
     # The stop string or token id that ended it.
     stop_reason: int | str | None = None
     num_preemptions: int = 0
-    # Per-token sample logprobs and prompt logprobs, filled when requested.
-    logprobs: list[dict[int, Any]] | None = None
-    prompt_logprobs: list[dict[int, Any] | None] | None = None
-    # Engine-side companions (detokenizer, parent of an n>1 group, generator).
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
             self.all_token_ids = list(self.prompt_token_ids)
-        if self.params.logprobs is not None:
-            self.logprobs = []
 
     @property
     def num_tokens(self) -> int:

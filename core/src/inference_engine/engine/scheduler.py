@@ -22,6 +22,8 @@ class ScheduledRequest:
     num_new_tokens: int
     # True when this chunk reaches the end of the known tokens, so a token is sampled.
     samples: bool
+    # The request's physical KV blocks (the block manager's list for it).
+    block_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -30,6 +32,8 @@ class SchedulerOutput:
 
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    # Requests the scheduler ended by itself this step, with why (too long for the pool).
+    failed: list[tuple[Request, str]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -168,6 +172,7 @@ class Scheduler:
                     # Even alone it does not fit: it never will.
                     self.waiting.popleft()
                     self._fail_too_long(request)
+                    out.failed.append((request, "the request does not fit in the KV cache"))
                     continue
                 break
             self.waiting.popleft()
@@ -177,6 +182,8 @@ class Scheduler:
             budget -= num_new
 
         scheduled.sort(key=lambda s: s.num_new_tokens != 1)
+        for s in scheduled:
+            s.block_ids = self.blocks.req_blocks[s.request.request_id]
         out.scheduled = scheduled
         return out
 
@@ -188,7 +195,6 @@ class Scheduler:
         self.blocks.free(request.request_id)
         request.num_computed_tokens = 0
         self.finish(request, FinishReason.LENGTH)
-        request.extra["error"] = "the request does not fit in the KV cache"
 
     def update_after_step(self, out: SchedulerOutput) -> None:
         """Advance computed counts and register newly full blocks for prefix reuse."""
