@@ -11,8 +11,6 @@ test_triton_attention.py), which is what a GPU step replays.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -22,6 +20,7 @@ pytest.importorskip("triton")
 
 from inference_engine.builtin.platforms.cpu import CpuPlatform  # noqa: E402
 from inference_engine.engine.model_runner import graph_batch_sizes  # noqa: E402
+from inference_engine.testing import run_under_triton_interpreter  # noqa: E402
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 interp = pytest.mark.skipif(not INTERPRETING, reason="runs in the TRITON_INTERPRET=1 child")
@@ -29,14 +28,8 @@ interp = pytest.mark.skipif(not INTERPRETING, reason="runs in the TRITON_INTERPR
 
 @pytest.mark.skipif(INTERPRETING, reason="this is the wrapper; the cases run in the child")
 def test_graph_cases_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-         "--import-mode=importlib", __file__],
-        env=env, capture_output=True, text=True, timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "1 skipped" in result.stdout, result.stdout[-2000:]
+    stdout = run_under_triton_interpreter(__file__)
+    assert "1 skipped" in stdout, stdout[-2000:]
 
 
 def test_bucket_sizes():

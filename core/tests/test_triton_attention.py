@@ -12,8 +12,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import subprocess
-import sys
 from dataclasses import dataclass
 
 import pytest
@@ -33,6 +31,7 @@ from inference_engine.builtin.attention.triton import (  # noqa: E402
 )
 from inference_engine.engine.kv_cache import KVCachePool  # noqa: E402
 from inference_engine.interfaces.attention import AttentionMetadata, KVCacheSpec  # noqa: E402
+from inference_engine.testing import run_under_triton_interpreter  # noqa: E402
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 HEADS = 4
@@ -43,15 +42,9 @@ interp = pytest.mark.skipif(not INTERPRETING, reason="runs in the TRITON_INTERPR
 @pytest.mark.skipif(INTERPRETING, reason="this is the wrapper; the cases run in the child")
 def test_kernel_cases_under_the_interpreter():
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-         "--import-mode=importlib", __file__],
-        env=env, capture_output=True, text=True, timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    stdout = run_under_triton_interpreter(__file__)
     # Only the wrapper and the GPU case skip there.
-    assert "2 skipped" in result.stdout, result.stdout[-2000:]
+    assert "2 skipped" in stdout, stdout[-2000:]
 
 
 # --------------------------------------------------------------------------- #

@@ -11,8 +11,6 @@ binds the C++ ones, and a device that is not the platform's keeps the old fall-t
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -34,6 +32,7 @@ from inference_engine.layers.rotary import (  # noqa: E402
     rotate_torch,
 )
 from inference_engine.platform_selection import set_current_platform  # noqa: E402
+from inference_engine.testing import run_under_triton_interpreter  # noqa: E402
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 EPS = 1e-6
@@ -43,15 +42,9 @@ interp = pytest.mark.skipif(not INTERPRETING, reason="runs in the TRITON_INTERPR
 
 @pytest.mark.skipif(INTERPRETING, reason="this is the wrapper; the cases run in the child")
 def test_kernel_cases_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-         "--import-mode=importlib", __file__],
-        env=env, capture_output=True, text=True, timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    stdout = run_under_triton_interpreter(__file__)
     # Only the wrapper and the GPU case skip there.
-    assert "2 skipped" in result.stdout and "failed" not in result.stdout, result.stdout[-2000:]
+    assert "2 skipped" in stdout and "failed" not in stdout, stdout[-2000:]
 
 
 # --------------------------------------------------------------------------- #

@@ -7,6 +7,12 @@ from typing import Annotated, Optional
 
 import typer
 
+from inference_engine.cli_options import (
+    AsyncSchedulingOption,
+    EnforceEagerOption,
+    GpuMemoryUtilizationOption,
+)
+
 from inference_engine import __version__
 
 app = typer.Typer(
@@ -101,14 +107,9 @@ def generate(
              "(e4m3, on backends that support it).")] = "auto",
     block_size: Annotated[int, typer.Option(min=1, help="Tokens per KV block.")] = 16,
     kv_cache_memory: Annotated[Optional[int], typer.Option(help="KV pool bytes.")] = None,
-    gpu_memory_utilization: Annotated[float, typer.Option(
-        min=0.0, max=1.0, help="Fraction of GPU memory the engine may use; the KV cache gets "
-                               "what weights and a profiling forward leave.")] = 0.9,
-    enforce_eager: Annotated[bool, typer.Option(
-        help="Never capture CUDA graphs (every step eager).")] = False,
-    async_scheduling: Annotated[Optional[bool], typer.Option(
-        help="Launch each step before the previous one's tokens are read back; default: on "
-             "for GPUs, off on CPU.")] = None,
+    gpu_memory_utilization: GpuMemoryUtilizationOption = 0.9,
+    enforce_eager: EnforceEagerOption = False,
+    async_scheduling: AsyncSchedulingOption = None,
     ignore_eos: Annotated[bool, typer.Option(help="Do not stop at EOS.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per prompt per line.")] = False,
     quantization: Annotated[Optional[str], typer.Option(
@@ -256,14 +257,9 @@ def serve(
     kv_cache_memory: Annotated[Optional[str], typer.Option(
         help="KV pool size in bytes (512MiB, 4GiB); overrides --gpu-memory-utilization; "
              "default on CPU a share of free memory.")] = None,
-    gpu_memory_utilization: Annotated[float, typer.Option(
-        min=0.0, max=1.0, help="Fraction of GPU memory the engine may use; the KV cache gets "
-                               "what weights and a profiling forward leave.")] = 0.9,
-    enforce_eager: Annotated[bool, typer.Option(
-        help="Never capture CUDA graphs (every step eager).")] = False,
-    async_scheduling: Annotated[Optional[bool], typer.Option(
-        help="Launch each step before the previous one's tokens are read back; default: on "
-             "for GPUs, off on CPU.")] = None,
+    gpu_memory_utilization: GpuMemoryUtilizationOption = 0.9,
+    enforce_eager: EnforceEagerOption = False,
+    async_scheduling: AsyncSchedulingOption = None,
     enable_prefix_caching: Annotated[bool, typer.Option(
         help="Reuse cached prompt blocks across requests.")] = True,
     attention_backend: Annotated[str, typer.Option(

@@ -16,6 +16,12 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from inference_engine.cli_options import (
+    AsyncSchedulingOption,
+    EnforceEagerOption,
+    GpuMemoryUtilizationOption,
+)
+
 __all__ = ["BenchResult", "bench_command", "run_offline_bench"]
 
 
@@ -89,13 +95,9 @@ def bench_command(
     kv_cache_dtype: Annotated[str, typer.Option(
         help="KV cache type: auto (a bfloat16 model caches bfloat16), float32, bfloat16 or "
              "fp8.")] = "auto",
-    gpu_memory_utilization: Annotated[float, typer.Option(
-        min=0.0, max=1.0, help="Fraction of GPU memory the engine may use.")] = 0.9,
-    enforce_eager: Annotated[bool, typer.Option(
-        help="Never capture CUDA graphs (every step eager).")] = False,
-    async_scheduling: Annotated[Optional[bool], typer.Option(  # noqa: UP045
-        help="Launch each step before the previous one's tokens are read back; default: on "
-             "for GPUs, off on CPU.")] = None,
+    gpu_memory_utilization: GpuMemoryUtilizationOption = 0.9,
+    enforce_eager: EnforceEagerOption = False,
+    async_scheduling: AsyncSchedulingOption = None,
     quantization: Annotated[Optional[str], typer.Option(  # noqa: UP045
         help="Registered quantization method.")] = None,
     quant_option: Annotated[Optional[list[str]], typer.Option(  # noqa: UP045

@@ -75,6 +75,26 @@ def train_tiny_tokenizer(vocab_size: int = 384, texts: list[str] | None = None) 
     return fast
 
 
+
+def run_under_triton_interpreter(test_file: str, timeout: float = 600.0) -> str:
+    """Run ``test_file`` in a child pytest with ``TRITON_INTERPRET=1`` and return its output.
+
+    ``triton.jit`` decides at import whether it interprets, so a test module whose kernel
+    cases run on the CPU calls this from a wrapper test (skipped in the child) and asserts
+    on the child's summary line (which cases skipped there).
+
+    Raises:
+        AssertionError: the child failed (its output's tail is the message).
+    """
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+         "--import-mode=importlib", test_file],
+        env=env, capture_output=True, text=True, timeout=timeout,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    return result.stdout
+
 # The platform tests pin (``--platform``): where their transformers references run.
 TEST_PLATFORM = "cpu"
 

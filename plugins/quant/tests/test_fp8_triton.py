@@ -10,11 +10,10 @@ block and weight-only schemes, on FP8 inputs and on their float32 upcast.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from inference_engine.testing import run_under_triton_interpreter
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -25,14 +24,8 @@ CONFIG = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=2,
 @pytest.mark.skipif(INTERPRETING, reason="this is the wrapper; the cases run in the child")
 def test_kernel_cases_under_the_interpreter():
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-         "--import-mode=importlib", __file__],
-        env=env, capture_output=True, text=True, timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "11 passed, 1 skipped" in result.stdout, result.stdout[-2000:]  # only the wrapper skips
+    stdout = run_under_triton_interpreter(__file__)
+    assert "11 passed, 1 skipped" in stdout, stdout[-2000:]  # only the wrapper skips
 
 
 interp = pytest.mark.skipif(not INTERPRETING, reason="runs in the TRITON_INTERPRET=1 child")

@@ -11,11 +11,10 @@ per-row float32 globals).
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from inference_engine.testing import run_under_triton_interpreter
 from inference_engine_quant.mx_block import dequantize_mx, quantize_mxfp4
 from inference_engine_quant.nvfp4_codec import dequantize_nvfp4, quantize_nvfp4
 
@@ -26,14 +25,8 @@ NUM_CASES = 6
 @pytest.mark.skipif(INTERPRETING, reason="this is the wrapper; the cases run in the child")
 def test_kernel_cases_under_the_interpreter():
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-         "--import-mode=importlib", __file__],
-        env=env, capture_output=True, text=True, timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert f"{NUM_CASES} passed, 1 skipped" in result.stdout, result.stdout[-2000:]
+    stdout = run_under_triton_interpreter(__file__)
+    assert f"{NUM_CASES} passed, 1 skipped" in stdout, stdout[-2000:]
 
 
 @pytest.fixture(scope="module")

@@ -196,7 +196,7 @@ class Platform(ABC):  # noqa: B024 - every method has a working default
         (head size, sinks, sliding window, KV cache dtype); ``torch_sdpa`` is the
         portable reference every backend is tested against.
         """
-        return ["torch_sdpa"]
+        return ["triton", "torch_sdpa"] if self.supports_triton() else ["torch_sdpa"]
 
     def fused_op_kernels(self) -> list[str]:
         """Implementations of the small fused layer ops (add+RMSNorm, SiLU*mul, rotary), best
@@ -204,19 +204,20 @@ class Platform(ABC):  # noqa: B024 - every method has a working default
 
         Layers choose one when they are built, never per call.
         """
-        return ["torch"]
+        return ["triton", "torch"] if self.supports_triton() else ["torch"]
 
     def moe_kernels(self) -> list[str]:
         """Fused-MoE expert kernels, best first: ``"triton"`` or ``"torch"`` (always works)."""
-        return ["torch"]
+        return ["triton", "torch"] if self.supports_triton() else ["torch"]
 
     def supports_graph_capture(self) -> bool:
         """Whether whole decode steps can be captured and replayed (CUDA/HIP graphs)."""
         return False
 
     def pinned_memory(self) -> bool:
-        """Whether host tensors should be page-locked for asynchronous uploads."""
-        return False
+        """Whether host tensors should be page-locked for asynchronous uploads (a real
+        accelerator's)."""
+        return self.device_type != "cpu" and not self.info.simulated
 
     def synchronize(self) -> None:  # noqa: B027 - nothing to wait for on the host
         """Wait for the device's queued work (timing, profiling)."""

@@ -20,6 +20,7 @@ and doubling its scales: :meth:`fp8_scale_adjustment` returns that 2.0.
 from __future__ import annotations
 
 import torch
+from inference_engine.builtin.platforms.cuda import TorchCudaRuntime
 from inference_engine.device_info import (
     DeviceInfoSource,
     TorchCudaDeviceInfo,
@@ -30,7 +31,6 @@ from inference_engine.interfaces.platform import (
     KERNEL_TRITON_FP8,
     KERNEL_TRITON_FP8_BLOCK,
     KERNEL_TRITON_MXFP4,
-    Platform,
 )
 
 __all__ = ["RocmPlatform", "base_arch"]
@@ -46,7 +46,9 @@ def base_arch(gcn_arch_name: str) -> str:
     return gcn_arch_name.split(":", 1)[0].strip()
 
 
-class RocmPlatform(Platform):
+class RocmPlatform(TorchCudaRuntime):
+    """AMD GPUs through torch's HIP build: the CUDA runtime's streams, HIP graphs, events."""
+
     name = "rocm"
     # torch's HIP build keeps the "cuda" device type.
     device_type = "cuda"
@@ -100,52 +102,6 @@ class RocmPlatform(Platform):
         if not (self.supports_fp4() and self.supports_triton()):
             return []
         return [KERNEL_TRITON_MXFP4]
-
-    def attention_backends(self) -> list[str]:
-        backends = ["triton"] if self.supports_triton() else []
-        return [*backends, "torch_sdpa"]
-
-    def fused_op_kernels(self) -> list[str]:
-        return ["triton", "torch"] if self.supports_triton() else ["torch"]
-
-    def moe_kernels(self) -> list[str]:
-        return ["triton", "torch"] if self.supports_triton() else ["torch"]
-
-    def pinned_memory(self) -> bool:
-        return not self.info.simulated
-
-    def synchronize(self) -> None:
-        torch.cuda.synchronize(self.device())
-
-    def default_max_num_seqs(self) -> int:
-        return 256
-
-    def memory_profiler(self):  # noqa: ANN201 - MemoryProfiler | None
-        from inference_engine.builtin.platforms.cuda import TorchCudaMemoryProfiler
-
-        return None if self.info.simulated else TorchCudaMemoryProfiler(self.device())
-
-    def capture_graph(self, fn, pool=None):  # noqa: ANN001, ANN201 - as Platform's
-        from inference_engine.builtin.platforms.cuda import capture_cuda_graph
-
-        return capture_cuda_graph(fn, pool)
-
-    def forbid_host_sync(self):  # noqa: ANN201 - as Platform's
-        from inference_engine.builtin.platforms.cuda import cuda_sync_forbidden
-
-        return cuda_sync_forbidden()
-
-    def supports_async_scheduling(self) -> bool:
-        return not self.info.simulated
-
-    def record_event(self):  # noqa: ANN201 - as Platform's
-        event = torch.cuda.Event()
-        event.record()
-        return event
-
-    def supports_graph_capture(self) -> bool:
-        # HIP graphs through torch.cuda.CUDAGraph on ROCm builds.
-        return not self.info.simulated
 
     def describe(self) -> dict:
         described = super().describe()

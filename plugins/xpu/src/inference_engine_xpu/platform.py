@@ -94,19 +94,6 @@ class XpuPlatform(Platform):
         # Intel's XPU backend ships as the "triton" distribution pytorch-triton-xpu.
         return triton_has_backend("intel")
 
-    def attention_backends(self) -> list[str]:
-        backends = ["triton"] if self.supports_triton() else []
-        return [*backends, "torch_sdpa"]
-
-    def fused_op_kernels(self) -> list[str]:
-        return ["triton", "torch"] if self.supports_triton() else ["torch"]
-
-    def moe_kernels(self) -> list[str]:
-        return ["triton", "torch"] if self.supports_triton() else ["torch"]
-
-    def pinned_memory(self) -> bool:
-        return not self.info.simulated
-
     def describe(self) -> dict:
         described = super().describe()
         described["features"] = sorted(self.properties().features)

@@ -37,7 +37,7 @@ from inference_engine.interfaces.platform import (
     Platform,
 )
 
-__all__ = ["CudaPlatform", "TorchCudaMemoryProfiler", "capture_cuda_graph", "cuda_family",
+__all__ = ["CudaPlatform", "TorchCudaMemoryProfiler", "TorchCudaRuntime", "capture_cuda_graph", "cuda_family",
            "cuda_sync_forbidden"]
 
 MIN_CAPABILITY = (7, 5)
@@ -102,7 +102,38 @@ def cuda_sync_forbidden() -> Iterator[None]:
         torch.cuda.set_sync_debug_mode(previous)
 
 
-class CudaPlatform(Platform):
+class TorchCudaRuntime(Platform):
+    """What every platform on ``torch.cuda``'s runtime shares (NVIDIA CUDA, AMD ROCm/HIP):
+    streams run asynchronously to the host, graphs, events, allocator statistics."""
+
+    def supports_graph_capture(self) -> bool:
+        return not self.info.simulated
+
+    def supports_async_scheduling(self) -> bool:
+        return not self.info.simulated
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device())
+
+    def default_max_num_seqs(self) -> int:
+        return 256
+
+    def memory_profiler(self) -> MemoryProfiler | None:
+        return None if self.info.simulated else TorchCudaMemoryProfiler(self.device())
+
+    def capture_graph(self, fn: Callable[[], Any], pool: Any = None) -> tuple[Any, Any, Any]:
+        return capture_cuda_graph(fn, pool)
+
+    def forbid_host_sync(self) -> AbstractContextManager[None]:
+        return cuda_sync_forbidden()
+
+    def record_event(self) -> Any:
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
+
+class CudaPlatform(TorchCudaRuntime):
     name = "cuda"
     device_type = "cuda"
     priority = 10
@@ -149,45 +180,6 @@ class CudaPlatform(Platform):
 
     def supports_triton(self) -> bool:
         return self.capability() >= MIN_CAPABILITY and triton_has_backend("nvidia")
-
-    def attention_backends(self) -> list[str]:
-        backends = ["triton"] if self.supports_triton() else []
-        return [*backends, "torch_sdpa"]
-
-    def fused_op_kernels(self) -> list[str]:
-        return ["triton", "torch"] if self.supports_triton() else ["torch"]
-
-    def moe_kernels(self) -> list[str]:
-        return ["triton", "torch"] if self.supports_triton() else ["torch"]
-
-    def supports_graph_capture(self) -> bool:
-        return not self.info.simulated
-
-    def pinned_memory(self) -> bool:
-        return not self.info.simulated
-
-    def synchronize(self) -> None:
-        torch.cuda.synchronize(self.device())
-
-    def default_max_num_seqs(self) -> int:
-        return 256
-
-    def supports_async_scheduling(self) -> bool:
-        return not self.info.simulated
-
-    def record_event(self) -> Any:
-        event = torch.cuda.Event()
-        event.record()
-        return event
-
-    def capture_graph(self, fn: Callable[[], Any], pool: Any = None) -> tuple[Any, Any, Any]:
-        return capture_cuda_graph(fn, pool)
-
-    def forbid_host_sync(self) -> AbstractContextManager[None]:
-        return cuda_sync_forbidden()
-
-    def memory_profiler(self) -> MemoryProfiler | None:
-        return None if self.info.simulated else TorchCudaMemoryProfiler(self.device())
 
     def fp8_gemm_kernels(self) -> list[str]:
         if self.fp8_dtype() is None:
