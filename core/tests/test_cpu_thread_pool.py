@@ -75,3 +75,103 @@ def test_pool_only_under_passive_openmp(monkeypatch):
     monkeypatch.delenv("OMP_WAIT_POLICY")
     assert not cpu_thread_pool.pool_wanted()
     assert cpu_thread_pool.parallel_runner_address() == 0
+
+
+# ---- How the kernels are named and built (inference_engine.cpu_extensions).
+
+
+def _kernel_files(tmp_path):
+    (tmp_path / "inner.h").write_text("inline int inner() { return 1; }\n")
+    (tmp_path / "outer.h").write_text(
+        '#include "inner.h"\ninline int outer() { return inner(); }\n')
+    source = tmp_path / "kernel.cpp"
+    source.write_text('#include <vector>\n#include "outer.h"\nint f() { return outer(); }\n')
+    return source
+
+
+def test_extension_name_changes_when_an_included_header_changes(tmp_path):
+    from inference_engine.cpu_extensions import extension_name
+
+    source = _kernel_files(tmp_path)
+    first = extension_name("ie_test", [source])
+    assert extension_name("ie_test", [source]) == first
+    (tmp_path / "inner.h").write_text("inline int inner() { return 2; }\n")  # two includes deep
+    second = extension_name("ie_test", [source])
+    assert second != first
+    (tmp_path / "outer.h").write_text('#include "inner.h"\ninline int outer() { return 3; }\n')
+    assert extension_name("ie_test", [source]) not in (first, second)
+
+
+def test_extension_name_finds_headers_on_the_include_path(tmp_path):
+    from inference_engine.cpu_extensions import extension_name
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "inc").mkdir()
+    source = tmp_path / "src" / "kernel.cpp"
+    source.write_text('#include "shared.h"\n')
+    (tmp_path / "inc" / "shared.h").write_text("// one\n")
+    first = extension_name("ie_test", [source], include_dirs=[tmp_path / "inc"])
+    (tmp_path / "inc" / "shared.h").write_text("// two\n")
+    assert extension_name("ie_test", [source], include_dirs=[tmp_path / "inc"]) != first
+
+
+def test_extension_name_carries_the_isa_key_and_the_flags(tmp_path):
+    from inference_engine.cpu_extensions import extension_name, isa_key
+
+    source = _kernel_files(tmp_path)
+    name = extension_name("ie_test", [source])
+    assert name.startswith("ie_test_") and isa_key() in name
+    avx2 = extension_name("ie_test", [source], flags=["avx2", "fma"])
+    avx512 = extension_name("ie_test", [source], flags=["avx2", "fma", "avx512f"])
+    assert isa_key(["avx2", "fma"]) in avx2 and isa_key(["avx2", "fma", "avx512f"]) in avx512
+    assert avx2 != avx512
+    assert avx2.split("_")[-1] == avx512.split("_")[-1]  # same C++: same content hash
+    assert isa_key(["fma", "avx2"]) == isa_key(["avx2", "fma"])
+    assert extension_name("ie_test", [source], extra_cflags=("-ffast-math",)) != name
+
+
+def test_isa_key_ignores_flags_that_do_not_change_the_code(monkeypatch):
+    from inference_engine import cpu_extensions
+
+    assert cpu_extensions.isa_key(["avx2", "hypervisor", "constant_tsc"]) == (
+        cpu_extensions.isa_key(["avx2"]))
+    assert cpu_extensions.isa_key(["avx2", "avx512_bf16"]) != cpu_extensions.isa_key(["avx2"])
+    assert cpu_extensions.isa_key(["avx2", "amx_tile"]) != cpu_extensions.isa_key(["avx2"])
+    monkeypatch.setattr(cpu_extensions, "_cpu_isa_flags", lambda: ("avx2", "hypervisor"))
+    assert cpu_extensions.isa_key() == cpu_extensions.isa_key(["avx2"])
+
+
+def test_core_kernel_sources_ship_with_the_package():
+    from inference_engine.cpu_extensions import CSRC_DIR, csrc_extension_name
+
+    for source in ("cpu_thread_pool.cpp", "cpu_decode_attention.cpp", "cpu_prefill_attention.cpp",
+                   "cpu_gemv.cpp", "cpu_fused.cpp"):
+        assert (CSRC_DIR / source).is_file()
+        assert csrc_extension_name("ie_test", [source])
+    from inference_engine.builtin.attention.cpu_decode_kernel import SIMD_HELPERS_CPP
+
+    assert "online_softmax_step" in SIMD_HELPERS_CPP
+    assert "parallel_tasks" in cpu_thread_pool.PARALLEL_TASKS_CPP
+
+
+def test_switched_off_kernels_are_never_built(monkeypatch):
+    from inference_engine import cpu_extensions
+    from inference_engine.builtin.attention import cpu_decode_kernel
+
+    monkeypatch.setenv(cpu_extensions.CPU_KERNELS_ENV, "0")
+    monkeypatch.setattr(cpu_extensions, "_MODULES", {})
+    assert cpu_decode_kernel.decode_kernel() is None
+    assert cpu_extensions.load_cpu_extension_from_files(
+        "ie_test", ["cpu_fused.cpp"], description="a test kernel") is None
+
+
+def test_importing_the_kernel_modules_builds_nothing():
+    code = (
+        "import inference_engine\n"
+        "from inference_engine import cpu_extensions, cpu_thread_pool\n"
+        "from inference_engine.builtin.attention import cpu_decode_kernel, cpu_prefill_kernel\n"
+        "from inference_engine.layers import cpu_fused, cpu_gemv\n"
+        "assert not cpu_extensions._MODULES and not cpu_extensions._NAMES\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]

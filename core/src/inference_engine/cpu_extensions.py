@@ -1,24 +1,41 @@
 """Build C++ CPU kernels once per process, with one switch to turn them all off.
 
 The engine's CPU kernels (decode attention in the core, GGML block matmuls in
-the GGUF plugin, ...) are compiled on first use with
-``torch.utils.cpp_extension.load_inline``: a C++ compiler and ninja are needed,
-the first build takes about a minute and torch caches it on disk. Wherever a
+the GGUF plugin, ...) are compiled on first use: the core's from their files in
+``inference_engine/csrc`` with ``torch.utils.cpp_extension.load``
+(:func:`load_cpu_extension_from_files`), a plugin's held source with
+``load_inline`` (:func:`load_cpu_extension`). A C++ compiler and ninja are
+needed, the first build takes about a minute and torch caches it on disk
+(``TORCH_EXTENSIONS_DIR``, else ``~/.cache/torch_extensions``). Wherever a
 build is impossible the caller gets ``None`` (logged once) and uses its plain
 torch path, which is also the reference every kernel is tested against. Set
 ``INFERENCE_ENGINE_CPU_KERNELS=0`` to never build any of them.
+
+The name a kernel is built under ends in two short hashes: one of this CPU's
+instruction-set flags (the kernels are built with ``-march=native``, so a
+home folder shared by machines never loads an AVX-512 build on a CPU without
+it) and one of the C++ itself, sources and the headers they include, and the
+flags (torch's own check does not see headers, and a new hash means a new
+build folder, so no version suffix is bumped by hand).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
 import os
+import platform
+import re
 import threading
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "CPU_KERNELS_ENV", "DEFAULT_CFLAGS", "DEFAULT_LDFLAGS", "cpu_kernels_enabled",
-    "load_cpu_extension",
+    "CPU_KERNELS_ENV", "CSRC_DIR", "DEFAULT_CFLAGS", "DEFAULT_LDFLAGS", "cpu_kernels_enabled",
+    "csrc_extension_name", "extension_name", "isa_key", "load_cpu_extension",
+    "load_cpu_extension_from_files",
 ]
 
 logger = logging.getLogger(__name__)
@@ -31,13 +48,149 @@ CPU_KERNELS_ENV = "INFERENCE_ENGINE_CPU_KERNELS"
 DEFAULT_CFLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp")
 DEFAULT_LDFLAGS: tuple[str, ...] = ("-fopenmp",)
 
+CSRC_DIR: Path = Path(__file__).resolve().parent / "csrc"
+"""The core's kernel sources and shared headers (``ie_parallel_tasks.h``, ``ie_simd_helpers.h``):
+pass it as an include path to build against them."""
+
+# /proc/cpuinfo flags that decide what ``-march=native`` emits and which paths the kernels take.
+_ISA_FLAGS = frozenset({
+    # x86
+    "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "avx_vnni", "avx512f",
+    "avx512dq", "avx512cd", "avx512bw", "avx512vl", "avx512ifma", "avx512vbmi", "avx512_vbmi2",
+    "avx512_vnni", "avx512_bitalg", "avx512_vpopcntdq", "avx512_bf16", "avx512_fp16",
+    "amx_tile", "amx_bf16", "amx_int8", "amx_fp16",
+    # arm64 (the "Features" line)
+    "asimd", "asimdhp", "asimddp", "fphp", "sve", "sve2", "bf16", "i8mm", "sme",
+})
+_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
+
 _LOCK = threading.Lock()
 _MODULES: dict[str, Any] = {}
+_NAMES: dict[tuple[Any, ...], str] = {}  # (stem, sources, cflags, dirs) -> built name
+_MISSING: set[str] = set()  # stems whose files could not be read (logged once)
 
 
 def cpu_kernels_enabled() -> bool:
     """False when the user turned the C++ kernels off."""
     return os.environ.get(CPU_KERNELS_ENV, "1") != "0"
+
+
+def _short_hash(*parts: str | bytes) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part if isinstance(part, bytes) else part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:10]
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_isa_flags() -> tuple[str, ...]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ()
+    match = re.search(r"^(?:flags|Features)\s*:(.*)$", text, re.M)
+    return tuple(match.group(1).split()) if match else ()
+
+
+def isa_key(flags: Sequence[str] | None = None) -> str:
+    """A short hash of the machine's architecture and its instruction-set flags.
+
+    Args:
+        flags: CPU flags as ``/proc/cpuinfo`` spells them; None reads this CPU's. Only
+            those that change what ``-march=native`` emits count (not ``hypervisor``...).
+    """
+    if flags is None:
+        flags = _cpu_isa_flags()
+    return _short_hash(platform.machine(), " ".join(sorted(_ISA_FLAGS.intersection(flags))))
+
+
+def _included_files(sources: Sequence[Path], include_dirs: Sequence[Path]) -> list[Path]:
+    """The sources and every header they reach with ``#include "..."`` found in their own
+    folder or ``include_dirs``, each once, in a stable order."""
+    seen: dict[Path, None] = {}
+    pending = list(sources)
+    while pending:
+        path = pending.pop(0).resolve()
+        if path in seen:
+            continue
+        seen[path] = None
+        for header in _INCLUDE.findall(path.read_text()):
+            for folder in (path.parent, *include_dirs):
+                candidate = Path(folder) / header
+                if candidate.is_file():
+                    pending.append(candidate)
+                    break
+    return list(seen)
+
+
+def extension_name(
+    stem: str,
+    sources: Sequence[str | os.PathLike[str]],
+    *,
+    include_dirs: Sequence[str | os.PathLike[str]] = (),
+    extra_cflags: Sequence[str] = (),
+    flags: Sequence[str] | None = None,
+) -> str:
+    """``{stem}_{isa}_{content}``: the name the sources are built and cached under.
+
+    Args:
+        stem: the kernel's name (``inference_engine_cpu_decode``).
+        sources: the ``.cpp`` files.
+        include_dirs: folders searched for ``#include "..."`` headers (after each source's own).
+        extra_cflags: flags beyond :data:`DEFAULT_CFLAGS`; part of the content hash.
+        flags: CPU flags for :func:`isa_key` (None: this machine's).
+
+    Returns:
+        A name that changes when a source, a header it includes, the flags or the CPU's
+        instruction set change.
+    """
+    files = _included_files([Path(s) for s in sources], [Path(d) for d in include_dirs])
+    parts: list[str | bytes] = [*DEFAULT_CFLAGS, *extra_cflags]
+    for path in files:
+        parts += [path.name, path.read_bytes()]
+    return f"{stem}_{isa_key(flags)}_{_short_hash(*parts)}"
+
+
+def csrc_extension_name(
+    stem: str,
+    sources: Sequence[str | os.PathLike[str]],
+    *,
+    extra_cflags: Sequence[str] = (),
+    include_dirs: Sequence[str | os.PathLike[str]] = (),
+) -> str:
+    """:func:`extension_name` of sources in :data:`CSRC_DIR` (or paths), with headers found
+    there and in ``include_dirs``; computed once per process for each set of arguments.
+
+    Raises:
+        OSError: a source or header cannot be read.
+    """
+    key = (stem, tuple(map(str, sources)), tuple(extra_cflags), tuple(map(str, include_dirs)))
+    name = _NAMES.get(key)
+    if name is None:
+        name = extension_name(stem, [CSRC_DIR / s for s in sources],
+                              include_dirs=[CSRC_DIR, *map(Path, include_dirs)],
+                              extra_cflags=extra_cflags)
+        _NAMES[key] = name
+    return name
+
+
+def _build(name: str, description: str, build: Any) -> Any | None:
+    """``_MODULES[name]``, built with ``build()`` the first time (None when off or failing)."""
+    if name in _MODULES:
+        return _MODULES[name]
+    with _LOCK:
+        if name in _MODULES:
+            return _MODULES[name]
+        module = None
+        if cpu_kernels_enabled():
+            try:
+                logger.info("building %s (first use only)", description)
+                module = build()
+            except Exception as exc:  # no compiler, no ninja, no headers: the torch path
+                logger.warning("%s unavailable, using the torch path: %s", description, exc)
+        _MODULES[name] = module
+        return module
 
 
 def load_cpu_extension(
@@ -48,31 +201,73 @@ def load_cpu_extension(
     description: str,
     extra_cflags: tuple[str, ...] = (),
 ) -> Any | None:
-    """The compiled module ``name`` (bump its version suffix when ``source`` changes), or None.
+    """The module ``name`` compiled from C++ held in a string, or None.
 
-    ``description`` names the kernel in the log lines ("the CPU paged-decode
-    attention kernel"). Thread-safe; each name is built at most once per process.
+    Built with ``load_inline`` under ``name`` plus :func:`isa_key` and a hash of
+    ``source`` and the flags. ``description`` names the kernel in the log lines
+    ("the GGML block matmul kernel"). Thread-safe; each name is built at most
+    once per process.
     """
     if name in _MODULES:
         return _MODULES[name]
-    with _LOCK:
-        if name in _MODULES:
-            return _MODULES[name]
-        module = None
-        if cpu_kernels_enabled():
-            try:
-                from torch.utils.cpp_extension import load_inline
 
-                logger.info("building %s (first use only)", description)
-                module = load_inline(
-                    name=name,
-                    cpp_sources=[source],
-                    functions=functions,
-                    extra_cflags=[*DEFAULT_CFLAGS, *extra_cflags],
-                    extra_ldflags=list(DEFAULT_LDFLAGS),
-                    verbose=False,
-                )
-            except Exception as exc:  # no compiler, no ninja, no headers: the torch path
-                logger.warning("%s unavailable, using the torch path: %s", description, exc)
-        _MODULES[name] = module
-        return module
+    def build() -> Any:
+        from torch.utils.cpp_extension import load_inline
+
+        cflags = [*DEFAULT_CFLAGS, *extra_cflags]
+        return load_inline(
+            name=f"{name}_{isa_key()}_{_short_hash(source, *cflags)}",
+            cpp_sources=[source],
+            functions=functions,
+            extra_cflags=cflags,
+            extra_ldflags=list(DEFAULT_LDFLAGS),
+            verbose=False,
+        )
+
+    return _build(name, description, build)
+
+
+def load_cpu_extension_from_files(
+    stem: str,
+    sources: Sequence[str | os.PathLike[str]],
+    *,
+    description: str,
+    extra_cflags: tuple[str, ...] = (),
+    include_dirs: Sequence[str | os.PathLike[str]] = (),
+) -> Any | None:
+    """The module built from ``.cpp`` files (each with its own ``PYBIND11_MODULE``), or None.
+
+    Args:
+        stem: the kernel's name; it is built as :func:`extension_name`.
+        sources: file names in :data:`CSRC_DIR`, or paths.
+        description: names the kernel in the log lines.
+        extra_cflags: flags beyond :data:`DEFAULT_CFLAGS`.
+        include_dirs: header folders besides :data:`CSRC_DIR`.
+
+    Thread-safe; each name is built at most once per process, and the sources are
+    hashed once per process (:func:`csrc_extension_name`).
+    """
+    try:
+        name = csrc_extension_name(stem, sources, extra_cflags=extra_cflags,
+                                   include_dirs=include_dirs)
+    except OSError as exc:  # an install without the .cpp files
+        if stem not in _MISSING:
+            _MISSING.add(stem)
+            logger.warning("%s unavailable, using the torch path: %s", description, exc)
+        return None
+    if name in _MODULES:
+        return _MODULES[name]
+
+    def build() -> Any:
+        from torch.utils.cpp_extension import load
+
+        return load(
+            name=name,
+            sources=[str(CSRC_DIR / s) for s in sources],
+            extra_cflags=[*DEFAULT_CFLAGS, *extra_cflags],
+            extra_ldflags=list(DEFAULT_LDFLAGS),
+            extra_include_paths=[str(CSRC_DIR), *map(str, include_dirs)],
+            verbose=False,
+        )
+
+    return _build(name, description, build)

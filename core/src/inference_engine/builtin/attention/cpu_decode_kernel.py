@@ -4,8 +4,7 @@ The torch path of the paged backend gathers every decode's blocks into a
 contiguous buffer and then runs SDPA over it: the cache is read, written and
 read again. This kernel walks each sequence's block table and reads each K
 and V row once (once for all the query heads that share it), which is what
-bounds batched decode on a CPU: at 64 sequences of ~330 tokens the eight
-layers read ~170 MB of a bfloat16 cache per step. It goes over the blocks in
+bounds batched decode on a CPU. It goes over the blocks in
 one pass (a block's keys, then its values, which lie next to each other in the
 pool) with an online softmax, prefetching the next blocks: the blocks of a
 sequence lie scattered, a few KB each, which the hardware prefetcher does not
@@ -17,13 +16,16 @@ The cache may be float32 or bfloat16 (a bfloat16 model's cache: half the
 bytes to read, widened in registers); queries and outputs are float32.
 :func:`write_kv_rows` stores a step's new K/V rows at their slots in either
 dtype (bfloat16 rounded to nearest even, as ``Tensor.to`` does), in place of
-an advanced-indexing assignment that cost ~150 µs per layer at 64 rows.
+an advanced-indexing assignment (timings in ``docs/benchmarks.md``, "CPU
+kernel timings").
 
-Compiled on first use with ``torch.utils.cpp_extension.load_inline`` (a C++
-compiler and ninja are needed; ~1 minute, cached by torch afterwards); the
-callers keep the torch path, with one log line, wherever that is impossible.
-``INFERENCE_ENGINE_CPU_KERNELS=0`` never builds it. No attention sinks. The
-torch path (gather + SDPA) is the reference it is tested against.
+The C++ is ``csrc/cpu_decode_attention.cpp`` (with the shared
+``ie_simd_helpers.h`` and ``ie_parallel_tasks.h``), compiled on first use by
+:mod:`inference_engine.cpu_extensions` (a C++ compiler and ninja are needed;
+cached by torch afterwards); the callers keep the torch path, with one log
+line, wherever that is impossible. ``INFERENCE_ENGINE_CPU_KERNELS=0`` never
+builds it. No attention sinks. The torch path (gather + SDPA) is the
+reference it is tested against.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from typing import Any
 
 import torch
 
-from inference_engine.cpu_thread_pool import load_pooled_extension
+from inference_engine.cpu_extensions import CSRC_DIR
+from inference_engine.cpu_thread_pool import load_pooled_sources
 
 __all__ = ["KERNEL_CACHE_DTYPES", "SIMD_HELPERS_CPP", "decode_kernel", "paged_decode_attention",
            "reads_cache", "write_kv_rows"]
@@ -47,393 +50,21 @@ def reads_cache(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
     return (query.device.type == "cpu" and query.dtype == torch.float32
             and k_cache.dtype in KERNEL_CACHE_DTYPES and k_cache.shape[1] <= 16)
 
-SIMD_HELPERS_CPP = r"""
-inline float to_float(float x) { return x; }
-inline float to_float(at::BFloat16 x) { return static_cast<float>(x); }
 
-#ifdef __AVX512F__
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const at::BFloat16* p) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-// exp(x) for the softmax's x <= 0: 2^n * P(r) with r = x - n ln2, |r| <= ln2 / 2, P the
-// degree-7 Taylor polynomial (relative error < 1e-8 before float rounding).
-inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-100.f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.4286068203094172e-06f), r);
-  __m512 p = _mm512_set1_ps(1.f / 5040);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
-}
-
-
-// One query row's online-softmax step over a 16-key block: s holds its scores (lanes
-// outside mask are ignored); the row's running max m and sum l are updated, acc (NV * 16
-// floats) rescaled, and the block's unnormalised probabilities stored to p_out (zero
-// outside mask).
-template <int NV>
-inline void online_softmax_step(__m512 s, __mmask16 mask, float& m, float& l, float* p_out,
-                                float* acc) {
-  const float new_m = std::max(m, _mm512_mask_reduce_max_ps(mask, s));
-  const float alpha = std::exp(m - new_m);  // 0 for a row's first visible block
-  const __m512 p = _mm512_maskz_mov_ps(mask, exp16(_mm512_sub_ps(s, _mm512_set1_ps(new_m))));
-  _mm512_storeu_ps(p_out, p);
-  l = l * alpha + _mm512_reduce_add_ps(p);
-  m = new_m;
-  if (alpha != 1.f) {
-    const __m512 av = _mm512_set1_ps(alpha);
-    for (int i = 0; i < NV; ++i)
-      _mm512_storeu_ps(acc + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * i), av));
-  }
-}
-
-// acc rows [0, n) (n <= 4, NV * 16 floats, d apart) += sum_tt probs[row * 16 + tt] * v_tt
-// for the block's nt value rows (vt apart), accumulated in registers.
-template <typename T, int NV>
-inline void add_weighted_values(float* acc, int64_t d, const float* probs, int64_t n,
-                                const T* v, int64_t vt, int64_t nt) {
-  __m512 o[4][NV];
-  for (int64_t r = 0; r < n; ++r)
-    for (int i = 0; i < NV; ++i) o[r][i] = _mm512_loadu_ps(acc + r * d + 16 * i);
-  for (int64_t tt = 0; tt < nt; ++tt) {
-    __m512 vv[NV];
-    for (int i = 0; i < NV; ++i) vv[i] = load16(v + tt * vt + 16 * i);
-    for (int64_t r = 0; r < n; ++r) {
-      const __m512 pv = _mm512_set1_ps(probs[r * 16 + tt]);
-      for (int i = 0; i < NV; ++i) o[r][i] = _mm512_fmadd_ps(pv, vv[i], o[r][i]);
-    }
-  }
-  for (int64_t r = 0; r < n; ++r)
-    for (int i = 0; i < NV; ++i) _mm512_storeu_ps(acc + r * d + 16 * i, o[r][i]);
-}
-#endif
-"""
-"""C++ (inside a namespace, after ``<immintrin.h>``) shared by the CPU attention kernels: float32
-or bfloat16 loads widened to float32, a vectorised exp, an online-softmax step over a 16-key
-block and the probability-weighted sum of a block's values."""
-
-_SOURCE = r"""
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <limits>
-#include <vector>
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
-
-PARALLEL_TASKS
-
-namespace {
-
-SIMD_HELPERS
-
-constexpr int64_t PREFETCH_AHEAD = 1;  // blocks fetched ahead of the next (measured best of 1/2/3)
-
-// Where token t's row of KV head 0 lies in a block-contiguous cache.
-template <typename T>
-struct Rows {
-  const T* base;
-  const int64_t* table;
-  int64_t block_stride, token_stride, bs;
-  inline const T* row(int64_t t) const {
-    return base + table[t / bs] * block_stride + (t % bs) * token_stride;
-  }
-  // Prefetch block index b's rows (all heads) of this cache into L2.
-  inline void prefetch_block(int64_t b, int64_t num_blocks) const {
-#ifdef __AVX512F__
-    if (b >= num_blocks) return;
-    const char* p = reinterpret_cast<const char*>(base + table[b] * block_stride);
-    const int64_t bytes = bs * token_stride * (int64_t)sizeof(T);
-    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
-#endif
-  }
-};
-
-// One sequence, KV heads [h0, h1): out rows (h * g + j) of [kvh * g, d].
-template <typename T, int NV>
-void attend(const float* qs, const Rows<T>& K, const Rows<T>& V, int64_t kh, int64_t vh,
-            int64_t h0, int64_t h1, int64_t g, int64_t d, int64_t first, int64_t len, float sc,
-            float* out) {
-#ifdef __AVX512F__
-  if constexpr (NV > 0) {
-    // One pass over the sequence's cache blocks: a block's keys, then its values (the
-    // two lie next to each other in the pool), with an online softmax per query row.
-    // The next blocks are prefetched (blocks lie scattered in the pool, a few KB each:
-    // too short for the hardware prefetcher).
-    const int64_t nrows = (h1 - h0) * g;
-    thread_local std::vector<float> acc, probs;
-    acc.assign(nrows * d, 0.f);
-    probs.resize(nrows * 16);
-    float m[256], l[256];
-    std::fill(m, m + nrows, -std::numeric_limits<float>::infinity());
-    std::fill(l, l + nrows, 0.f);
-    const float* qh = qs + h0 * g * d;
-    const int64_t bs = K.bs, nblk = (len + bs - 1) / bs;
-    for (int64_t a = 1; a <= PREFETCH_AHEAD; ++a) {
-      K.prefetch_block(first / bs + a, nblk);
-      V.prefetch_block(first / bs + a, nblk);
-    }
-    const int64_t row_bytes = K.token_stride * (int64_t)sizeof(T);
-    for (int64_t b = first / bs; b < nblk; ++b) {
-      // Block b + AHEAD + 1 is fetched a token row at a time while this block's keys
-      // are scored (a burst of a whole block's prefetches overflows the miss queues).
-      const bool ahead_ok = b + PREFETCH_AHEAD + 1 < nblk;
-      const char* kp_next = ahead_ok ? reinterpret_cast<const char*>(
-          K.base + K.table[b + PREFETCH_AHEAD + 1] * K.block_stride) : nullptr;
-      const char* vp_next = ahead_ok ? reinterpret_cast<const char*>(
-          V.base + V.table[b + PREFETCH_AHEAD + 1] * V.block_stride) : nullptr;
-      const int64_t t0 = std::max(first, b * bs), t1 = std::min(len, (b + 1) * bs);
-      const int64_t nt = t1 - t0;
-      const T* kblock = K.row(t0);
-      const T* vblock = V.row(t0);
-      for (int64_t h = h0; h < h1; ++h) {
-        for (int64_t tt = 0; tt < nt; ++tt) {
-          if (h == h0 && ahead_ok) {
-            for (int64_t o = 0; o < row_bytes; o += 64) {
-              _mm_prefetch(kp_next + tt * row_bytes + o, _MM_HINT_T1);
-              _mm_prefetch(vp_next + tt * row_bytes + o, _MM_HINT_T1);
-            }
-          }
-          const T* krow = kblock + tt * K.token_stride + h * kh;
-          __m512 kv[NV];
-          for (int i = 0; i < NV; ++i) kv[i] = load16(krow + 16 * i);
-          for (int64_t j = 0; j < g; ++j) {
-            const int64_t r = (h - h0) * g + j;
-            const float* qj = qh + r * d;
-            __m512 acc_s = _mm512_mul_ps(_mm512_loadu_ps(qj), kv[0]);
-            for (int i = 1; i < NV; ++i)
-              acc_s = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 16 * i), kv[i], acc_s);
-            probs[r * 16 + tt] = _mm512_reduce_add_ps(acc_s) * sc;
-          }
-        }
-      }
-      const __mmask16 mask = (__mmask16)((1u << nt) - 1);
-      for (int64_t r = 0; r < nrows; ++r)
-        online_softmax_step<NV>(_mm512_maskz_loadu_ps(mask, probs.data() + r * 16), mask, m[r],
-                                l[r], probs.data() + r * 16, acc.data() + r * d);
-      for (int64_t h = h0; h < h1; ++h)
-        for (int64_t j0 = 0; j0 < g; j0 += 4) {
-          const int64_t r0 = (h - h0) * g + j0;
-          add_weighted_values<T, NV>(acc.data() + r0 * d, d, probs.data() + r0 * 16,
-                                     std::min<int64_t>(4, g - j0), vblock + h * vh,
-                                     V.token_stride, nt);
-        }
-    }
-    for (int64_t r = 0; r < nrows; ++r) {
-      const __m512 inv = _mm512_set1_ps(1.f / l[r]);
-      float* o = out + (h0 * g + r) * d;
-      const float* ar = acc.data() + r * d;
-      for (int i = 0; i < NV; ++i)
-        _mm512_storeu_ps(o + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(ar + 16 * i), inv));
-    }
-    return;
-  }
-#endif
-  // Any head size: plain loops.
-  thread_local std::vector<float> scores;
-  const int64_t span = len - first;
-  scores.resize(g * span);
-  for (int64_t h = h0; h < h1; ++h) {
-    for (int64_t j = 0; j < g; ++j) {
-      const float* qj = qs + (h * g + j) * d;
-      float* sr = scores.data() + j * span;
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t t = first; t < len; ++t) {
-        const T* krow = K.row(t) + h * kh;
-        float dot = 0.f;
-        for (int64_t e = 0; e < d; ++e) dot += qj[e] * to_float(krow[e]);
-        sr[t - first] = dot * sc;
-        mx = std::max(mx, sr[t - first]);
-      }
-      float sum = 0.f;
-      for (int64_t t = 0; t < span; ++t) {
-        sr[t] = std::exp(sr[t] - mx);
-        sum += sr[t];
-      }
-      float* o = out + (h * g + j) * d;
-      std::fill(o, o + d, 0.f);
-      for (int64_t t = first; t < len; ++t) {
-        const T* vrow = V.row(t) + h * vh;
-        const float p = sr[t - first] / sum;
-        for (int64_t e = 0; e < d; ++e) o[e] += p * to_float(vrow[e]);
-      }
-    }
-  }
-}
-
-template <typename T>
-void decode_all(const torch::Tensor& q, const torch::Tensor& k_cache,
-                const torch::Tensor& v_cache, const torch::Tensor& tables,
-                const torch::Tensor& lens, float sc, int64_t window, torch::Tensor& out) {
-  const int64_t n = q.size(0), kvh = q.size(1), g = q.size(2), d = q.size(3);
-  const int64_t bs = k_cache.size(1);
-  const float* qp = q.data_ptr<float>();
-  const T* kp = k_cache.data_ptr<T>();
-  const T* vp = v_cache.data_ptr<T>();
-  const int64_t* tp = tables.data_ptr<int64_t>();
-  const int64_t* lp = lens.data_ptr<int64_t>();
-  float* op = out.data_ptr<float>();
-  const int64_t tstride = tables.stride(0);
-  const int64_t rows = kvh * g;
-  // One task per sequence (a token's rows of every head are adjacent); with fewer
-  // sequences than threads, each KV head is its own task instead.
-  const int64_t split = n < 2 * at::get_num_threads() ? kvh : 1;
-  const int64_t heads_per_task = kvh / split;
-  int64_t total = 0;
-  for (int64_t s = 0; s < n; ++s) total += lp[s];
-  // Waking sleeping OpenMP threads costs more than a short decode takes (batch 1,
-  // short contexts): below ~256K multiply-adds stay on the calling thread, below
-  // ~16K where the spinning pool (inference_engine.cpu_thread_pool) runs.
-  const int64_t serial_below = ie_runner != nullptr ? (int64_t{1} << 14) : (int64_t{1} << 18);
-  auto body = [&](int64_t task) {
-    const int64_t s = task / split;
-    const int64_t h0 = (task % split) * heads_per_task, h1 = h0 + heads_per_task;
-    const int64_t len = lp[s];
-    const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
-    const int64_t* table = tp + s * tstride;
-    const Rows<T> K{kp, table, k_cache.stride(0), k_cache.stride(1), bs};
-    const Rows<T> V{vp, table, v_cache.stride(0), v_cache.stride(1), bs};
-    const float* qs = qp + s * rows * d;
-    float* os = op + s * rows * d;
-    const int64_t kh = k_cache.stride(2), vh = v_cache.stride(2);
-    switch (d) {
-      case 64: attend<T, 4>(qs, K, V, kh, vh, h0, h1, g, d, first, len, sc, os); break;
-      case 128: attend<T, 8>(qs, K, V, kh, vh, h0, h1, g, d, first, len, sc, os); break;
-      case 32: attend<T, 2>(qs, K, V, kh, vh, h0, h1, g, d, first, len, sc, os); break;
-      case 256: attend<T, 16>(qs, K, V, kh, vh, h0, h1, g, d, first, len, sc, os); break;
-      default: attend<T, 0>(qs, K, V, kh, vh, h0, h1, g, d, first, len, sc, os); break;
-    }
-  };
-  if (total * rows * d * 2 < serial_below) {
-    for (int64_t task = 0; task < n * split; ++task) body(task);
-  } else {
-    parallel_tasks(n * split, body);
-  }
-}
-
-inline void store_row(float* dst, const float* src, int64_t d) {
-  std::memcpy(dst, src, d * sizeof(float));
-}
-
-// float -> bfloat16 rounded to nearest even (NaN -> 0x7FC0), c10::BFloat16's rule,
-// written on the bits so the compiler vectorises it.
-inline void store_row(at::BFloat16* dst, const float* src, int64_t d) {
-  uint16_t* out = reinterpret_cast<uint16_t*>(dst);
-  int64_t e = 0;
-#ifdef __AVX512F__
-  const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
-  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
-  const __m512i qnan = _mm512_set1_epi32(0x7fc0);
-  for (; e + 16 <= d; e += 16) {
-    const __m512i u = _mm512_castps_si512(_mm512_loadu_ps(src + e));
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, bias), lsb), 16);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
-    r = _mm512_mask_mov_epi32(r, nan, qnan);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + e), _mm512_cvtepi32_epi16(r));
-  }
-#endif
-  for (; e < d; ++e) {
-    uint32_t u;
-    std::memcpy(&u, src + e, 4);
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    out[e] = (u & 0x7fffffffu) > 0x7f800000u ? uint16_t{0x7fc0} : (uint16_t)rounded;
-  }
-}
-
-template <typename T>
-void write_rows(torch::Tensor& cache, const torch::Tensor& src, const int64_t* blocks,
-                const int64_t* offsets) {
-  const int64_t t_count = src.size(0), heads = src.size(1), d = src.size(2);
-  T* cp = cache.data_ptr<T>();
-  const float* sp = src.data_ptr<float>();
-  const int64_t cb = cache.stride(0), ct = cache.stride(1), ch = cache.stride(2);
-  const int64_t st = src.stride(0), sh = src.stride(1);
-  for (int64_t i = 0; i < t_count; ++i) {
-    T* dst = cp + blocks[i] * cb + offsets[i] * ct;
-    const float* row = sp + i * st;
-    for (int64_t h = 0; h < heads; ++h) store_row(dst + h * ch, row + h * sh, d);
-  }
-}
-
-}  // namespace
-
-// q [n, kvh, g, d] float32 contiguous; caches [num_blocks, bs, kvh, d] float32 or
-// bfloat16 with contiguous rows (any block stride); tables [n, max_blocks] int64;
-// lens [n] int64. Returns [n, kvh, g, d] float32. window <= 0: no sliding window.
-torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                           torch::Tensor tables, torch::Tensor lens, double scale,
-                           int64_t window) {
-  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && q.is_contiguous() && q.dim() == 4);
-  const auto ct = k_cache.scalar_type();
-  TORCH_CHECK(ct == v_cache.scalar_type() && (ct == torch::kFloat32 || ct == torch::kBFloat16),
-              "caches must both be float32 or bfloat16");
-  TORCH_CHECK(k_cache.stride(3) == 1 && v_cache.stride(3) == 1);
-  TORCH_CHECK(tables.scalar_type() == torch::kInt64 && lens.scalar_type() == torch::kInt64);
-  TORCH_CHECK(tables.stride(1) == 1 && lens.is_contiguous());
-  TORCH_CHECK(k_cache.size(2) == q.size(1) && k_cache.size(3) == q.size(3));
-  TORCH_CHECK(q.size(1) * q.size(2) <= 256, "at most 256 query heads");
-  TORCH_CHECK(k_cache.size(1) <= 16, "block size at most 16");
-  auto out = torch::empty_like(q);
-  const float sc = static_cast<float>(scale);
-  if (ct == torch::kFloat32)
-    decode_all<float>(q, k_cache, v_cache, tables, lens, sc, window, out);
-  else
-    decode_all<at::BFloat16>(q, k_cache, v_cache, tables, lens, sc, window, out);
-  return out;
-}
-
-// Store key/value [T, kvh, d] float32 (last dim dense) at (blocks[i], offsets[i]) of
-// the caches, rounding to the cache dtype (bfloat16: to nearest even, as torch does).
-void write_kv(torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor key,
-              torch::Tensor value, torch::Tensor blocks, torch::Tensor offsets) {
-  TORCH_CHECK(key.scalar_type() == torch::kFloat32 && value.scalar_type() == torch::kFloat32);
-  TORCH_CHECK(key.dim() == 3 && value.dim() == 3 && key.stride(2) == 1 && value.stride(2) == 1);
-  TORCH_CHECK(k_cache.stride(3) == 1 && v_cache.stride(3) == 1);
-  TORCH_CHECK(blocks.scalar_type() == torch::kInt64 && offsets.scalar_type() == torch::kInt64);
-  TORCH_CHECK(blocks.is_contiguous() && offsets.is_contiguous());
-  TORCH_CHECK(blocks.size(0) == key.size(0) && offsets.size(0) == key.size(0));
-  TORCH_CHECK(key.size(1) == k_cache.size(2) && key.size(2) == k_cache.size(3));
-  TORCH_CHECK(value.size(1) == v_cache.size(2) && value.size(2) == v_cache.size(3));
-  const int64_t* bp = blocks.data_ptr<int64_t>();
-  const int64_t* op = offsets.data_ptr<int64_t>();
-  const int64_t nb = k_cache.size(0), bs = k_cache.size(1);
-  for (int64_t i = 0; i < blocks.size(0); ++i)
-    TORCH_CHECK(bp[i] >= 0 && bp[i] < nb && op[i] >= 0 && op[i] < bs, "slot out of range");
-  const auto ct = k_cache.scalar_type();
-  TORCH_CHECK(ct == v_cache.scalar_type() && (ct == torch::kFloat32 || ct == torch::kBFloat16));
-  if (ct == torch::kFloat32) {
-    write_rows<float>(k_cache, key, bp, op);
-    write_rows<float>(v_cache, value, bp, op);
-  } else {
-    write_rows<at::BFloat16>(k_cache, key, bp, op);
-    write_rows<at::BFloat16>(v_cache, value, bp, op);
-  }
-}
-"""
-
-_SOURCE = _SOURCE.replace("SIMD_HELPERS", SIMD_HELPERS_CPP)
+def __getattr__(name: str) -> str:
+    # SIMD_HELPERS_CPP: the text of ``csrc/ie_simd_helpers.h`` (read on first access, not at
+    # import), shared by the CPU attention kernels in namespace ``ie_simd``: float32 or bfloat16
+    # loads widened to float32, a vectorised exp, an online-softmax step over a 16-key block and
+    # the probability-weighted sum of a block's values. Kernels in files include the header.
+    if name == "SIMD_HELPERS_CPP":
+        return (CSRC_DIR / "ie_simd_helpers.h").read_text()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def decode_kernel() -> Any | None:
     """The compiled extension module, or None where it cannot be built (logged once)."""
-    return load_pooled_extension(
-        "inference_engine_cpu_decode_v31", _SOURCE,
-        ["paged_decode", "write_kv"],
+    return load_pooled_sources(
+        "inference_engine_cpu_decode", ["cpu_decode_attention.cpp"],
         description="the CPU paged-decode attention kernel",
     )
 
