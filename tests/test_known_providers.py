@@ -1,19 +1,19 @@
-"""The install hints in ``KNOWN_PROVIDERS`` stay true for the parsers distribution."""
+"""An unknown name says which installed distribution provides it, from that plugin's own hooks."""
 
 from __future__ import annotations
 
-from inference_engine.plugins import get_plugins
-from inference_engine.registry import KNOWN_PROVIDERS
+import pytest
+from inference_engine.plugins import get_plugins, load_plugins
+from inference_engine.registry import UnknownNameError
 
 
-def test_every_hinted_parser_is_registered_by_the_named_distribution():
-    registry = get_plugins().registry
-    hinted = {(kind, name) for (kind, name), dist in KNOWN_PROVIDERS.items()
-              if dist == "inference-engine-parsers"}
-    registered = {(kind, name) for kind in ("tool_parsers", "reasoning_parsers")
-                  for name in registry.names(kind)}
-    assert hinted <= registered
-    # And every first-party parser name has a hint, so an uninstalled one says what to install.
-    first_party = {(kind, name) for kind, name in registered
-                   if registry.get(kind, name).distribution == "inference-engine-parsers"}
-    assert first_party <= hinted
+def test_every_first_party_name_left_out_says_what_to_install():
+    registered = get_plugins().registry
+    core_only = load_plugins(only=["builtin"]).registry
+    for kind in ("tool_parsers", "reasoning_parsers", "models", "quantization"):
+        for name in registered.names(kind):
+            dist = registered.get(kind, name).distribution
+            if dist == "inference-engine":  # the core's built-ins stay loaded
+                continue
+            with pytest.raises(UnknownNameError, match=f"pip install {dist}$"):
+                core_only.get(kind, name)

@@ -169,7 +169,7 @@ def test_plugin_docs_are_current():
 
 
 def test_quant_option_a_method_does_not_take_is_refused_by_name(tmp_path):
-    from inference_engine.cli import parse_key_values
+    from inference_engine.cli_values import parse_key_values
     from inference_engine.testing import cpu_llm, make_tiny_model
 
     path = make_tiny_model(tmp_path / "m")

@@ -12,6 +12,7 @@ from inference_engine.cli_options import (
     EnforceEagerOption,
     GpuMemoryUtilizationOption,
 )
+from inference_engine.cli_values import parse_key_values
 
 from inference_engine import __version__
 
@@ -176,21 +177,6 @@ def _model_or_demo(model: Optional[str], hint: str) -> str:
 def _split(values: Optional[list[str]]) -> list[str]:
     """Repeated and/or comma-separated option values as one list."""
     return [v.strip() for value in values or [] for v in value.split(",") if v.strip()]
-
-
-def parse_key_values(values: Optional[list[str]], flag: str) -> dict[str, str]:
-    """Repeated ``KEY=VALUE`` option values as a dict.
-
-    Raises:
-        ValueError: for a value without ``=`` or with an empty key.
-    """
-    parsed: dict[str, str] = {}
-    for item in values or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"{flag} takes KEY=VALUE, got {item!r}")
-        parsed[key.strip()] = value.strip()
-    return parsed
 
 
 def _parse_bytes(value: Optional[str]) -> Optional[int]:

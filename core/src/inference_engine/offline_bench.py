@@ -21,6 +21,7 @@ from inference_engine.cli_options import (
     EnforceEagerOption,
     GpuMemoryUtilizationOption,
 )
+from inference_engine.cli_values import parse_key_values
 
 __all__ = ["BenchResult", "bench_command", "run_offline_bench"]
 
@@ -123,8 +124,6 @@ def bench_command(
         kwargs["quantization"] = quantization
     try:
         if quant_option:
-            from inference_engine.cli import parse_key_values
-
             kwargs["quant_options"] = parse_key_values(quant_option, "--quant-option")
         result = run_offline_bench(model, num_prompts, input_len, output_len, seed, **kwargs)
     except (ValueError, UnknownNameError, OSError, TypeError) as exc:

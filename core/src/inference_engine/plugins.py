@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,7 +86,11 @@ def _new_manager() -> pluggy.PluginManager:
     return manager
 
 
-def _discover() -> list[tuple[str, str, str, str, Any]]:
+# (name, distribution, version, module, loader) of one plugin that may be registered.
+_Candidate = tuple[str, str, str, str, Callable[[], Any]]
+
+
+def _discover() -> list[_Candidate]:
     """(name, distribution, version, module, loader) for every entry point, sorted."""
     found = []
     seen: set[tuple[str, str]] = set()
@@ -119,12 +123,12 @@ def load_plugins(
     Returns:
         A fresh :class:`PluginSet`. Broken plugins are recorded, not raised.
     """
-    manager = _new_manager()
     candidates = _discover() if use_entry_points else []
     for name, obj in (extra or {}).items():
         module = getattr(obj, "__name__", type(obj).__name__)
         candidates.append((name, "", "", module, lambda obj=obj: obj))
 
+    skipped: list[_Candidate] = []
     if only is not None:
         wanted = [n for n in (s.strip() for s in only) if n]
         known = {c[0] for c in candidates}
@@ -134,8 +138,17 @@ def load_plugins(
                 f"INFERENCE_ENGINE_PLUGINS names unknown plugin(s) {', '.join(unknown)}; "
                 f"installed plugins: {', '.join(sorted(known)) or '<none>'}"
             )
+        skipped = [c for c in candidates if c[0] not in wanted]
         candidates = [c for c in candidates if c[0] in wanted]
 
+    plugin_set = _register(candidates)
+    plugin_set.registry.provider_of = _UnloadedProviders(skipped)
+    return plugin_set
+
+
+def _register(candidates: list[_Candidate]) -> PluginSet:
+    """A fresh manager with each candidate registered and its specs collected."""
+    manager = _new_manager()
     registry = Registry()
     infos: list[PluginInfo] = []
     for name, dist, version, module, loader in candidates:
@@ -158,13 +171,11 @@ def _collect_specs(
 ) -> None:
     """Call each registration hook of one plugin and add its specs atomically."""
     collected: list[tuple[str, Any]] = []
+    # The plugin's own answers: every other plugin is left out of the hook call.
+    others = [p for p in manager.get_plugins() if p is not plugin]
     try:
         for hook_name, kind in KINDS.items():
-            caller = getattr(manager.hook, hook_name)
-            for impl in caller.get_hookimpls():
-                if impl.plugin is not plugin:
-                    continue
-                specs = impl.function() or []
+            for specs in manager.subset_hook_caller(hook_name, remove_plugins=others)():
                 if not isinstance(specs, (list, tuple)):
                     raise TypeError(f"{hook_name} must return a list of Spec, got {specs!r}")
                 collected.extend((kind, spec) for spec in specs)
@@ -180,6 +191,27 @@ def _collect_specs(
     for kind, spec in collected:
         if spec.name not in info.provides[kind]:
             info.provides[kind].append(spec.name)
+
+
+class _UnloadedProviders:
+    """Which installed plugin left out of this process registers a name, by its own hooks.
+
+    The left-out plugins are loaded (into a manager of their own) only when an unknown
+    name needs the answer for its error message, never at start-up.
+    """
+
+    def __init__(self, candidates: list[_Candidate]) -> None:
+        self._candidates = candidates
+        self._providers: dict[tuple[str, str], str] | None = None
+
+    def __call__(self, kind: str, name: str) -> str | None:
+        if self._providers is None:
+            self._providers = {}
+            for info in _register(self._candidates).infos:
+                for provided_kind, names in info.provides.items():
+                    for provided in names:
+                        self._providers.setdefault((provided_kind, provided), info.distribution)
+        return self._providers.get((kind, name)) or None
 
 
 _CACHED: PluginSet | None = None

@@ -8,12 +8,12 @@ called, so listing plugins imports nothing heavy.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
     "KINDS",
-    "KNOWN_PROVIDERS",
     "REMOVED_ARCHITECTURES",
     "DuplicateNameError",
     "RegisteredSpec",
@@ -32,41 +32,6 @@ KINDS: dict[str, str] = {
     "ie_register_weight_formats": "weight_formats",
     "ie_register_tool_parsers": "tool_parsers",
     "ie_register_reasoning_parsers": "reasoning_parsers",
-}
-
-# Names a first-party distribution provides, so an unknown name can say what to install.
-KNOWN_PROVIDERS: dict[tuple[str, str], str] = {
-    ("weight_formats", "gguf"): "inference-engine-gguf-plugin",
-    ("platforms", "rocm"): "inference-engine-rocm",
-    ("platforms", "xpu"): "inference-engine-xpu",
-    **{
-        ("models", arch): "inference-engine-models"
-        for arch in (
-            "LlamaForCausalLM",
-            "Qwen2ForCausalLM",
-            "Qwen3ForCausalLM",
-            "Qwen3MoeForCausalLM",
-            "GraniteMoeForCausalLM",
-            "DeepseekV2ForCausalLM",
-            "Glm4MoeForCausalLM",
-            "MiniMaxM2ForCausalLM",
-            "GptOssForCausalLM",
-        )
-    },
-    **{
-        ("quantization", q): "inference-engine-quant"
-        for q in ("fp8", "ptpc_fp8", "mxfp4", "mxfp8", "nvfp4", "modelopt")
-    },
-    **{
-        ("tool_parsers", p): "inference-engine-parsers"
-        for p in ("qwen3", "qwen3_coder", "glm45", "glm47", "minimax_m2", "nemotron_v2",
-                  "nemotron_v3", "deepseek_v31")
-    },
-    **{
-        ("reasoning_parsers", p): "inference-engine-parsers"
-        for p in ("qwen3", "glm45", "minimax_m2", "minimax_m2_append_think", "nemotron_v3",
-                  "deepseek_r1", "deepseek_v3")
-    },
 }
 
 # Architectures deliberately dropped: they fail with this message, never as "unknown".
@@ -132,6 +97,11 @@ class Registry:
     by_kind: dict[str, dict[str, RegisteredSpec]] = field(
         default_factory=lambda: {kind: {} for kind in KINDS.values()}
     )
+    # (kind, name) -> the distribution that provides it though it is not loaded here (a
+    # plugin left out by INFERENCE_ENGINE_PLUGINS), or None; only asked to word an error.
+    provider_of: Callable[[str, str], str | None] = field(
+        default=lambda kind, name: None, repr=False
+    )
     _resolved: dict[tuple[str, str], Any] = field(default_factory=dict, repr=False)
 
     def add(self, kind: str, spec: Spec, plugin: str, distribution: str = "") -> None:
@@ -169,8 +139,9 @@ class Registry:
 
         Raises:
             RemovedArchitectureError: for architectures dropped on purpose.
-            UnknownNameError: listing the registered names and, when a known
-                distribution provides the name, the ``pip install`` line.
+            UnknownNameError: listing the registered names and, when an installed
+                distribution that is not loaded provides the name, the ``pip install``
+                line.
         """
         entry = self.by_kind.get(kind, {}).get(name)
         if entry is not None:
@@ -183,7 +154,7 @@ class Registry:
             )
         available = ", ".join(self.names(kind)) or "<none>"
         message = f"unknown {kind.rstrip('s').replace('_', ' ')} {name!r}; registered: {available}"
-        provider = KNOWN_PROVIDERS.get((kind, name))
+        provider = self.provider_of(kind, name)
         if provider is not None:
             message += f". It is provided by {provider}: pip install {provider}"
         raise UnknownNameError(message)

@@ -28,7 +28,7 @@ from inference_engine_quant.mx_testing import (
     ref_nvfp4_qdq_activation,
     write_quantized_checkpoint,
 )
-from inference_engine_quant.nvfp4 import Nvfp4Method
+from inference_engine_quant.nvfp4_method import Nvfp4Method
 from safetensors.torch import load_file, save_file
 
 TOKENS = [5, 17, 42, 99, 3, 250, 7, 64, 128, 11, 300, 2]

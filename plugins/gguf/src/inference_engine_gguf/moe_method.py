@@ -20,7 +20,7 @@ from torch import nn
 
 from inference_engine_gguf import cpu_kernels
 from inference_engine_gguf.dequant import dequantize
-from inference_engine_gguf.quant_method import empty_raw
+from inference_engine_gguf.raw_tensors import empty_raw
 
 __all__ = ["GGMLFusedMoEMethod"]
 

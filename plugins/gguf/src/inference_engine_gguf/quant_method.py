@@ -48,7 +48,9 @@ from torch import nn
 
 from inference_engine_gguf import cpu_kernels, q8k_kernels
 from inference_engine_gguf.dequant import dequantize
-from inference_engine_gguf.ggml_types import check_supported, row_bytes
+from inference_engine_gguf.ggml_types import check_supported
+from inference_engine_gguf.moe_method import GGMLFusedMoEMethod
+from inference_engine_gguf.raw_tensors import FLOAT_DTYPES, empty_raw
 
 __all__ = ["GGMLEmbedding", "GGMLLMHead", "GGUFMethod", "Segment", "model_weight_bytes",
            "raw_rows"]
@@ -56,7 +58,6 @@ __all__ = ["GGMLEmbedding", "GGMLLMHead", "GGUFMethod", "Segment", "model_weight
 T = GGMLQuantizationType
 # Dense values one dequantized tile may hold (16 MiB of float32).
 TILE_VALUES = 1 << 22
-_FLOAT_DTYPES = {T.F32: torch.float32, T.F16: torch.float16, T.BF16: torch.bfloat16}
 RAW_PREFIX = "gguf_raw"
 # ``activations`` values: llama.cpp's 8-bit activations for the K-quants, or float.
 ACTIVATION_MODES = ("q8", "float")
@@ -72,15 +73,6 @@ class Segment:
     row_offset: int
     num_rows: int
     qtype: GGMLQuantizationType
-
-
-def empty_raw(qtype: GGMLQuantizationType, shape: tuple[int, int],
-              device: torch.device | None = None) -> torch.Tensor:
-    """An uninitialised stored-form tensor for ``shape = (rows, K)`` values."""
-    rows, k = shape
-    if qtype in _FLOAT_DTYPES:
-        return torch.empty(rows, k, dtype=_FLOAT_DTYPES[qtype], device=device)
-    return torch.empty(rows, row_bytes(qtype, k), dtype=torch.uint8, device=device)
 
 
 def tiled_linear(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType,
@@ -113,7 +105,7 @@ def tiled_linear(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType
         y = cpu_kernels.ggml_linear(x, raw, qtype)
         return y if out is None else out.copy_(y)
     n, k = raw.shape[0], x.shape[-1]
-    if accumulate == "float64" and qtype in _FLOAT_DTYPES:
+    if accumulate == "float64" and qtype in FLOAT_DTYPES:
         if out is None:
             out = x.new_empty(x.shape[0], n)
         tile_rows = max(1, TILE_VALUES // max(k, 1))
@@ -310,8 +302,6 @@ class GGUFMethod(QuantMethod):
         parts = self.expert_types.get(prefix)
         if parts is None:
             return None
-        from inference_engine_gguf.moe_method import GGMLFusedMoEMethod
-
         return GGMLFusedMoEMethod(parts["gate"], parts["down"], self.dequantize_at_load)
 
     # ---------------------------------------------------------------- runtime

@@ -29,16 +29,18 @@ import torch
 from torch import nn
 
 from inference_engine_quant.fp8 import Fp8Method, checkpoint_module_names, current_platform_or_none
+from inference_engine_quant.fp8_linear import fp8_kernel_description
 from inference_engine_quant.mx_linear import (
     DenseFormat,
     LinearFormat,
     PerLayerFormatMethod,
+    fp4_kernel_name,
     matches_module,
 )
 from inference_engine_quant.mxfp8 import Mxfp8Format
 from inference_engine_quant.nvfp4 import Nvfp4Format
 
-__all__ = ["ModelOptFp8Format", "ModelOptMethod", "modelopt_settings"]
+__all__ = ["ModelOptFp8Format", "ModelOptMethod", "modelopt_delegate", "modelopt_settings"]
 
 SUPPORTED_ALGOS = ("NVFP4", "FP8", "MXFP8")
 _GROUP_SIZES = {"NVFP4": 16, "MXFP8": 32}
@@ -132,9 +134,6 @@ class ModelOptMethod(PerLayerFormatMethod):
 
     @classmethod
     def kernel_for(cls, platform: Any) -> str:
-        from inference_engine_quant.fp8_linear import fp8_kernel_description
-        from inference_engine_quant.mx_linear import fp4_kernel_name
-
         return (f"NVFP4: {fp4_kernel_name(platform, 'NVFP4')}; FP8: "
                 f"{fp8_kernel_description(platform, blockwise=False)}; MXFP8: torch dequantize "
                 f"+ matmul (reference)")
@@ -160,3 +159,25 @@ class ModelOptMethod(PerLayerFormatMethod):
     def format_for(self, prefix: str, output_sizes: list[int]) -> LinearFormat:
         algo = self.algo_for(prefix)
         return self._dense if algo is None else self._formats[algo]
+
+
+def modelopt_delegate(method: PerLayerFormatMethod, algo: str) -> ModelOptMethod | None:
+    """For an online method given a checkpoint: the ModelOpt method when the
+    checkpoint is ModelOpt ``algo`` (the same per-layer logic), None when it
+    is unquantized.
+
+    Raises:
+        ValueError: for a checkpoint quantized any other way.
+    """
+    quant_method = method.checkpoint_config.get("quant_method")
+    if quant_method is None:
+        return None
+    flag = f"--quantization {method.name}"
+    if quant_method != "modelopt":
+        raise ValueError(f"{flag} cannot run a checkpoint already quantized with "
+                         f"{quant_method!r}; drop the flag to use the checkpoint's own method")
+    found = str(modelopt_settings(method.checkpoint_config).get("quant_algo", "")).upper()
+    if found != algo:
+        raise ValueError(f"{flag} cannot run a ModelOpt {found} checkpoint; "
+                         f"drop the flag to use the checkpoint's own method")
+    return ModelOptMethod(method.checkpoint_config, **method.options)

@@ -242,29 +242,6 @@ class PerLayerFormatMethod(QuantMethod):
             raise ValueError(f"mx_scale_rule must be 'floor' or 'rceil', got {rule!r}")
         return rule
 
-    def modelopt_delegate(self, algo: str) -> PerLayerFormatMethod | None:
-        """For an online method given a checkpoint: the ModelOpt method when the
-        checkpoint is ModelOpt ``algo`` (the same per-layer logic), None when it
-        is unquantized.
-
-        Raises:
-            ValueError: for a checkpoint quantized any other way.
-        """
-        method = self.checkpoint_config.get("quant_method")
-        if method is None:
-            return None
-        flag = f"--quantization {self.name}"
-        if method != "modelopt":
-            raise ValueError(f"{flag} cannot run a checkpoint already quantized with "
-                             f"{method!r}; drop the flag to use the checkpoint's own method")
-        from inference_engine_quant.modelopt import ModelOptMethod, modelopt_settings
-
-        found = str(modelopt_settings(self.checkpoint_config).get("quant_algo", "")).upper()
-        if found != algo:
-            raise ValueError(f"{flag} cannot run a ModelOpt {found} checkpoint; "
-                             f"drop the flag to use the checkpoint's own method")
-        return ModelOptMethod(self.checkpoint_config, **self.options)
-
     def create_weights(self, layer: nn.Module, prefix: str, input_size: int,
                        output_sizes: list[int], params_dtype: torch.dtype) -> None:
         fmt = self.format_for(prefix, output_sizes)

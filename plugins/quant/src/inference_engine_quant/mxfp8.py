@@ -12,8 +12,6 @@ is also how GPUs without MX tensor cores run it.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -28,14 +26,12 @@ from inference_engine_quant.mx_e8m0 import ScaleRule, decode_e8m0
 from inference_engine_quant.mx_linear import (
     DenseFormat,
     LinearFormat,
-    PerLayerFormatMethod,
     add_row_param,
-    is_online_target,
     replace_params,
     set_dense_weight,
 )
 
-__all__ = ["Mxfp8Format", "Mxfp8Method", "mxfp8_linear_reference"]
+__all__ = ["Mxfp8Format", "mxfp8_linear_reference"]
 
 # K rows of the (K, N) weight dequantized at once (a multiple of 32).
 _TILE_ELEMENTS = 1 << 20
@@ -120,32 +116,3 @@ class Mxfp8Format(LinearFormat):
             return F.linear(x, layer.weight, bias)
         return mxfp8_linear_reference(x, layer.weight, layer.weight_scale, layer.mx_input_size,
                                       bias)
-
-
-class Mxfp8Method(PerLayerFormatMethod):
-    """Online MXFP8 of the decoder's linear layers (``--quantization mxfp8``).
-
-    A ModelOpt checkpoint given ``--quantization mxfp8`` goes to the ``modelopt``
-    per-layer logic. Options: ``dequantize_at_load``, ``mx_scale_rule``.
-
-    Raises:
-        ValueError: for a checkpoint quantized with another method, or an unknown rule.
-    """
-
-    name = "mxfp8"
-
-    def __init__(self, checkpoint_config: dict[str, Any] | None = None, **options: Any) -> None:
-        super().__init__(checkpoint_config, **options)
-        self._delegate = self.modelopt_delegate("MXFP8")
-        rule = self.scale_rule()
-        self._mxfp8 = Mxfp8Format(True, self.dequantize_at_load, rule)
-        self._dense = DenseFormat()
-
-    @classmethod
-    def kernel_for(cls, platform: Any) -> str:
-        return "torch MXFP8 dequantize + matmul (reference, weight-only)"
-
-    def format_for(self, prefix: str, output_sizes: list[int]) -> LinearFormat:
-        if self._delegate is not None:
-            return self._delegate.format_for(prefix, output_sizes)
-        return self._mxfp8 if is_online_target(prefix) else self._dense

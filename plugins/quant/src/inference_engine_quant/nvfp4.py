@@ -25,16 +25,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference_engine_quant.fp8 import current_platform_or_none
 from inference_engine_quant.kernels.fp4_gemm import fp4_linear_reference
 from inference_engine_quant.mx_linear import (
     DenseFormat,
     LinearFormat,
-    PerLayerFormatMethod,
     add_part_scalar_param,
     add_row_param,
-    fp4_kernel_name,
-    is_online_target,
     replace_params,
     rows_from_parts,
     set_dense_weight,
@@ -48,7 +44,7 @@ from inference_engine_quant.nvfp4_codec import (
     quantize_nvfp4_with_global,
 )
 
-__all__ = ["Nvfp4Format", "Nvfp4Method", "merged_input_scale"]
+__all__ = ["Nvfp4Format", "merged_input_scale"]
 
 
 def merged_input_scale(layer: nn.Module, per_part: torch.Tensor,
@@ -140,32 +136,3 @@ class Nvfp4Format(LinearFormat):
         return fp4_linear_reference(x, layer.weight, layer.weight_scale, "e4m3",
                                     layer.mx_input_size, global_scale=layer.weight_global,
                                     bias=bias)
-
-
-class Nvfp4Method(PerLayerFormatMethod):
-    """Online NVFP4 (W4A16) of the decoder's linear layers (``--quantization nvfp4``).
-
-    A ModelOpt NVFP4 checkpoint given ``--quantization nvfp4`` is handed to the
-    same per-layer logic as the ``modelopt`` method would use.
-
-    Raises:
-        ValueError: for a checkpoint quantized with another method.
-    """
-
-    name = "nvfp4"
-
-    def __init__(self, checkpoint_config: dict[str, Any] | None = None, **options: Any) -> None:
-        super().__init__(checkpoint_config, **options)
-        self._delegate = self.modelopt_delegate("NVFP4")
-        platform = current_platform_or_none(self.options)
-        self._nvfp4 = Nvfp4Format(True, self.dequantize_at_load, platform)
-        self._dense = DenseFormat()
-
-    @classmethod
-    def kernel_for(cls, platform: Any) -> str:
-        return fp4_kernel_name(platform, "NVFP4")
-
-    def format_for(self, prefix: str, output_sizes: list[int]) -> LinearFormat:
-        if self._delegate is not None:
-            return self._delegate.format_for(prefix, output_sizes)
-        return self._nvfp4 if is_online_target(prefix) else self._dense
