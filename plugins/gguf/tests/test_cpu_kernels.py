@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from inference_engine import cpu_extensions
+from inference_engine.cpu_extensions import CSRC_DIR as CORE_CSRC_DIR
 from inference_engine_gguf import cpu_kernels, quant_method
 from inference_engine_gguf.dequant import dequantize
 from inference_engine_gguf.quant_method import GGMLEmbedding, tiled_linear
@@ -132,3 +135,37 @@ def _counting(fn, calls):
 def test_kernel_builds():
     """The tests above skip without the kernel: a failed build must fail here instead."""
     assert cpu_kernels.kernel() is not None, "the GGML block kernel failed to build (see the log)"
+
+
+@requires_kernel
+def test_extension_is_built_under_its_content_hash():
+    name = cpu_kernels.ggml_extension_name("inference_engine_gguf_ggml_matmul",
+                                           cpu_kernels._SOURCES)
+    assert cpu_kernels.kernel().__name__ == name
+
+
+def test_extension_name_changes_when_a_header_changes(tmp_path):
+    """Every source and header reached by ``#include "..."`` (the plugin's and the core's)
+    is in the name's hash, so an edit rebuilds without a hand-bumped suffix."""
+    shutil.copytree(cpu_kernels.CSRC_DIR, tmp_path, dirs_exist_ok=True)
+    sources = [tmp_path / "ggml_matmul.cpp"]
+
+    def name(**kwargs) -> str:
+        return cpu_kernels.ggml_extension_name("stem", sources, **kwargs)
+
+    before = name()
+    assert name() == before
+    header = tmp_path / "ggml_helpers.h"
+    header.write_text(header.read_text() + "// edited\n")
+    after_plugin_header = name()
+    assert after_plugin_header != before
+    # A copy of the core's header beside the source is found first: its content counts too.
+    core_header = tmp_path / "ie_parallel_tasks.h"
+    core_header.write_text((CORE_CSRC_DIR / "ie_parallel_tasks.h").read_text())
+    assert name() == after_plugin_header
+    core_header.write_text(core_header.read_text() + "// edited\n")
+    assert name() != after_plugin_header
+    # Each flag variant and each instruction set is its own build.
+    assert name(extra_cflags=("-DQ8K_TEST=1",)) != name()
+    assert name(flags=("avx2", "fma")) != name(flags=("avx2", "fma", "avx512f"))
+    assert name(flags=("avx2", "fma")) == name(flags=("fma", "avx2", "hypervisor"))

@@ -183,14 +183,11 @@ def test_packed_tiles_match_reference(qtype, m):
 @pytest.fixture(scope="module")
 def portable_kernel():
     """The same source built without AVX-512: the loops machines without it run."""
-    from inference_engine.cpu_thread_pool import load_pooled_extension
-    from inference_engine_gguf.cpu_kernels import GGML_CFLAGS
+    from inference_engine_gguf.cpu_kernels import load_ggml_extension
 
-    ext = load_pooled_extension(
-        "inference_engine_gguf_q8k_portable_test_v1", q8k_kernels._SOURCE,
-        ["quantize_q8k", "ggml_linear_q8k", "packed_available"],
-        description="the Q8_K kernel without AVX-512 (test)",
-        extra_cflags=(*GGML_CFLAGS, "-mno-avx512f"))
+    ext = load_ggml_extension(
+        "inference_engine_gguf_q8k_portable_test", q8k_kernels._SOURCES,
+        description="the Q8_K kernel without AVX-512 (test)", extra_cflags=("-mno-avx512f",))
     if ext is None:
         pytest.skip("the kernel could not be built without AVX-512 here")
     return ext
