@@ -29,7 +29,8 @@ def deepseek_v3_router(cfg: Any) -> RouterSpec:
 
 
 class Glm4MoeForCausalLM(DecoderForCausalLM):
-    """q/k/v biases follow ``config.attention_bias``; o_proj has none."""
+    """q/k/v biases follow ``config.attention_bias``; o_proj has none; per-head q/k norm
+    when ``config.use_qk_norm``."""
 
     o_bias = False
 
@@ -37,11 +38,11 @@ class Glm4MoeForCausalLM(DecoderForCausalLM):
         self.qk_norm = bool(getattr(ctx.hf_config, "use_qk_norm", False))
         super().__init__(ctx)
 
-    def make_mlp(self, ctx: ModelContext, prefix: str, layer_idx: int) -> nn.Module | None:
-        cfg = ctx.hf_config
+    def make_mlp(self, layer_idx: int) -> nn.Module:
+        cfg = self.ctx.hf_config
         if layer_idx < cfg.first_k_dense_replace:
-            return None
+            return super().make_mlp(layer_idx)
         return SparseMoeBlock(
-            ctx, cfg.hidden_size, cfg.moe_intermediate_size, deepseek_v3_router(cfg), prefix,
-            correction_bias="gate",
+            self.ctx, cfg.hidden_size, cfg.moe_intermediate_size, deepseek_v3_router(cfg),
+            self.module_prefix(layer_idx, self.mlp_name), correction_bias="gate",
             shared_intermediate_size=cfg.moe_intermediate_size * cfg.n_shared_experts)

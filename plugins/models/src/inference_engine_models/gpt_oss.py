@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import torch
 from inference_engine.interfaces.model import ModelContext
-from inference_engine.layers import DecoderForCausalLM
+from inference_engine.layers import DecoderAttention, DecoderForCausalLM
 from inference_engine.layers.moe import ExpertActivation, RouterSpec, SparseMoeBlock
 from torch import nn
 
-__all__ = ["GptOssForCausalLM", "from_gpt_oss_layout"]
+__all__ = ["GptOssAttention", "GptOssForCausalLM", "from_gpt_oss_layout"]
 
 
 def from_gpt_oss_layout(name: str, tensor: torch.Tensor) -> torch.Tensor:
@@ -31,18 +31,28 @@ def from_gpt_oss_layout(name: str, tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+class GptOssAttention(DecoderAttention):
+    """The shared attention plus a learned sink logit per head (``self_attn.sinks``)."""
+
+    def make_sinks(self, ctx: ModelContext) -> torch.Tensor:
+        return nn.Parameter(torch.empty(self.num_heads, dtype=ctx.dtype), requires_grad=False)
+
+
 class GptOssForCausalLM(DecoderForCausalLM):
     """Biases on q/k/v/o (``config.attention_bias``)."""
 
-    attention_sinks = True
+    def make_attention(self, layer_idx: int) -> nn.Module:
+        return GptOssAttention(self.ctx, self.module_prefix(layer_idx, "self_attn"), layer_idx,
+                               self.options)
 
-    def make_mlp(self, ctx: ModelContext, prefix: str, layer_idx: int) -> nn.Module | None:
-        cfg = ctx.hf_config
+    def make_mlp(self, layer_idx: int) -> nn.Module:
+        cfg = self.ctx.hf_config
         router = RouterSpec(cfg.num_local_experts, cfg.num_experts_per_tok, "topk_softmax")
         # transformers before ~5.20 has no swiglu_alpha in the config: its experts hard-code
         # 1.702 (seen on the GPU machine's 5.17).
         activation = ExpertActivation("swigluoai", alpha=getattr(cfg, "swiglu_alpha", 1.702),
                                       limit=cfg.swiglu_limit)
-        return SparseMoeBlock(ctx, cfg.hidden_size, cfg.intermediate_size, router, prefix,
-                              gate_name="router", gate_bias=True, activation=activation,
-                              expert_bias=True, checkpoint_transform=from_gpt_oss_layout)
+        return SparseMoeBlock(self.ctx, cfg.hidden_size, cfg.intermediate_size, router,
+                              self.module_prefix(layer_idx, self.mlp_name), gate_name="router",
+                              gate_bias=True, activation=activation, expert_bias=True,
+                              checkpoint_transform=from_gpt_oss_layout)

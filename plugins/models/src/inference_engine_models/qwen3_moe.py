@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from inference_engine.interfaces.model import ModelContext
 from inference_engine.layers import DecoderForCausalLM
 from inference_engine.layers.moe import RouterSpec, SparseMoeBlock
 from torch import nn
@@ -18,11 +17,12 @@ class Qwen3MoeForCausalLM(DecoderForCausalLM):
 
     qk_norm = True
 
-    def make_mlp(self, ctx: ModelContext, prefix: str, layer_idx: int) -> nn.Module | None:
-        cfg = ctx.hf_config
+    def make_mlp(self, layer_idx: int) -> nn.Module:
+        cfg = self.ctx.hf_config
         step = getattr(cfg, "decoder_sparse_step", 1) or 1
         if layer_idx in (getattr(cfg, "mlp_only_layers", None) or []) or (layer_idx + 1) % step:
-            return None
+            return super().make_mlp(layer_idx)
         router = RouterSpec(cfg.num_experts, cfg.num_experts_per_tok, "softmax",
                             renormalize=bool(cfg.norm_topk_prob))
-        return SparseMoeBlock(ctx, cfg.hidden_size, cfg.moe_intermediate_size, router, prefix)
+        return SparseMoeBlock(self.ctx, cfg.hidden_size, cfg.moe_intermediate_size, router,
+                              self.module_prefix(layer_idx, self.mlp_name))
