@@ -431,11 +431,6 @@ def test_a_request_that_fills_the_pool_exactly_is_not_failed():
     assert out.failed == [] and shape(out) == [("a", 16, True)]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "with chunked prefill and no prefix cache a prompt longer than the whole pool is never "
-    "failed: each chunk fits, the request preempts itself when the pool runs out, is "
-    "re-admitted from scratch in the same step and cycles forever (the fit check only runs "
-    "when a waiting request's first chunk does not fit)"))
 def test_a_chunked_request_larger_than_the_pool_fails_instead_of_cycling():
     scheduler = make_scheduler(num_blocks=5, max_num_batched_tokens=8,
                                enable_prefix_caching=False)
@@ -453,7 +448,7 @@ def test_a_chunked_request_larger_than_the_pool_fails_with_the_prefix_cache():
     scheduler = make_scheduler(num_blocks=5, max_num_batched_tokens=8)
     request = make_request("big", 17)
     scheduler.add(request)
-    outs = [step(scheduler) for _ in range(3)]
-    assert [len(o.failed) for o in outs] == [0, 0, 1]
+    out = step(scheduler)  # failed before any chunk is computed
+    assert len(out.failed) == 1 and not out.scheduled
     assert request.finish_reason is FinishReason.LENGTH
     assert scheduler.blocks.num_free_blocks == num_usable(scheduler)

@@ -145,10 +145,20 @@ class Scheduler:
             budget -= num_new
             i += 1
 
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        # A step that had to preempt admits nothing new (vLLM's rule): the pool is full, and
+        # a victim re-admitted at once would only be preempted again.
+        while (self.waiting and budget > 0 and not out.preempted
+               and len(self.running) < self.config.max_num_seqs):
             request = self.waiting[0]
             if request.num_pending_tokens:
                 break  # preempted with a token still on the device: recompute once it is read
+            if -(-request.num_tokens // self.blocks.block_size) > self.blocks.num_blocks - 1:
+                # Even alone in the pool it does not fit: it never will (checked before any
+                # chunk runs, so a chunked prompt cannot fill the pool and cycle).
+                self.waiting.popleft()
+                self._fail_too_long(request)
+                out.failed.append((request, "the request does not fit in the KV cache"))
+                continue
             if request.num_computed_tokens == 0 and request.params.prompt_logprobs is None:
                 request.num_computed_tokens = self.blocks.match_prefix(
                     request.request_id, request.all_token_ids
@@ -167,13 +177,6 @@ class Scheduler:
                 # Give back prefix-matched blocks: a waiting request holds nothing.
                 self.blocks.free(request.request_id)
                 request.num_computed_tokens = 0
-                whole = -(-request.num_tokens // self.blocks.block_size)
-                if whole > self.blocks.num_blocks - 1:
-                    # Even alone it does not fit: it never will.
-                    self.waiting.popleft()
-                    self._fail_too_long(request)
-                    out.failed.append((request, "the request does not fit in the KV cache"))
-                    continue
                 break
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING

@@ -51,7 +51,9 @@ class AttentionMetadata:
     seq_lens: torch.Tensor
     # [num_tokens] int64 flat cache slot (block_id * block_size + offset) per new token.
     slot_mapping: torch.Tensor
-    # [num_seqs, max_blocks] int64 physical block ids, padded with 0.
+    # [num_seqs, max_blocks] int64 physical block ids. Entries past a sequence's last
+    # block are 0 up to the step's widest sequence and unspecified beyond: read only the
+    # ceil(seq_len / block_size) blocks a sequence has.
     block_tables: torch.Tensor
     block_size: int
     query_lens_list: list[int]

@@ -1,7 +1,9 @@
 """Building blocks model plugins assemble: linear layers, norms, rotary, attention, MLP.
 
-Model plugins import shared layers from here only. A dense Llama-family model
-is a subclass of :class:`DecoderForCausalLM` setting its switches; other
+Model plugins import shared layers from here only. A Llama-family model is a
+subclass of :class:`DecoderForCausalLM` overriding its named methods
+(``make_attention``, ``make_mlp``, ``embed``, ``compute_logits``...; attention
+variants subclass :class:`DecoderAttention` or :class:`QKNormAttention`); other
 architectures compose the pieces (fused linears, :class:`Attention`,
 :class:`RotaryEmbedding`, :func:`load_checkpoint_weights`).
 """
@@ -13,6 +15,8 @@ from inference_engine.layers.decoder import (
     DecoderLayer,
     DecoderModel,
     DecoderOptions,
+    NormRotateQK,
+    QKNormAttention,
     head_dim_of,
 )
 from inference_engine.layers.embedding import LMHead, VocabEmbedding
@@ -51,6 +55,8 @@ __all__ = [
     "LMHead",
     "LinearBase",
     "MergedColumnLinear",
+    "NormRotateQK",
+    "QKNormAttention",
     "QKVParallelLinear",
     "RMSNorm",
     "ReplicatedLinear",

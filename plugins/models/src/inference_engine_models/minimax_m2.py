@@ -13,8 +13,13 @@ from __future__ import annotations
 
 import torch
 from inference_engine.interfaces.model import ModelContext
-from inference_engine.layers import DecoderAttention, DecoderForCausalLM, RMSNorm, RotaryTable
-from inference_engine.layers.decoder import NormRotateQK
+from inference_engine.layers import (
+    DecoderAttention,
+    DecoderForCausalLM,
+    NormRotateQK,
+    RMSNorm,
+    RotaryTable,
+)
 from inference_engine.layers.moe import RouterSpec, SparseMoeBlock
 from torch import nn
 
