@@ -269,7 +269,8 @@ def test_qk_norm_and_rotary_in_one_pass(head_dim, partial):
     k = qkv[:, heads * head_dim:(heads + kv_heads) * head_dim].view(t, kv_heads, head_dim)
     q_w, k_w = 1.0 + 0.3 * torch.randn(head_dim), 1.0 + 0.3 * torch.randn(head_dim)
     got = triton_fused.qk_norm_rotary(table, q, k, q_w, k_w, EPS)
-    ref = triton_fused.qk_norm_rotary_torch(table, q, k, q_w, k_w, EPS)
+    ref = (rotate_torch(table, rms_norm_torch(q, q_w, EPS)),
+           rotate_torch(table, rms_norm_torch(k, k_w, EPS)))
     for g, r in zip(got, ref, strict=True):
         torch.testing.assert_close(g, r, atol=1e-5, rtol=1e-5)
 

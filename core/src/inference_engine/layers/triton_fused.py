@@ -16,7 +16,7 @@ hardware's approximate ``exp``, fused multiply-adds):
 - :func:`rotary` / :func:`rotary_qk`: :meth:`RotaryTable.rotate` (neox halves, partial
   rotary; reference :func:`~inference_engine.layers.rotary.rotate_torch`);
 - :func:`qk_norm_rotary`: Qwen3's per-head q/k RMSNorm followed by rotary, in one pass
-  (reference :func:`qk_norm_rotary_torch`).
+  (reference: the norm layer's then the rotary table's torch functions).
 
 Nothing here reads a device value on the host (no ``.item()``), so all of it can
 be captured in a CUDA graph. Rows of any width are padded to a power of two
@@ -25,17 +25,23 @@ and masked.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import triton
 import triton.language as tl
 
-if TYPE_CHECKING:
-    from inference_engine.layers.rotary import RotaryTable
-
-__all__ = ["qk_norm_rotary", "qk_norm_rotary_torch", "rms_norm", "rotary", "rotary_qk",
+__all__ = ["RotaryRows", "qk_norm_rotary", "rms_norm", "rotary", "rotary_qk",
            "silu_and_mul"]
+
+
+class RotaryRows(Protocol):
+    """What the rotary kernels read of a step's ``layers.rotary.RotaryTable`` (named
+    structurally, so the kernels do not import the layer that calls them)."""
+
+    # [T, 2 * rot_dim]: cos (repeated for both halves), -sin and sin per position.
+    rows: torch.Tensor
+    rot_dim: int
 
 
 def _num_warps(block: int) -> int:
@@ -236,7 +242,7 @@ def _launch_rotary(x: torch.Tensor, y: torch.Tensor | None, rows: torch.Tensor, 
     return out_x, out_y
 
 
-def rotary(table: RotaryTable, x: torch.Tensor) -> torch.Tensor:
+def rotary(table: RotaryRows, x: torch.Tensor) -> torch.Tensor:
     """A rotated copy of ``x [T, H, D]`` (any strides but the last), as ``table.rotate``.
 
     Same signature as :func:`~inference_engine.layers.rotary.rotate_torch`.
@@ -245,7 +251,7 @@ def rotary(table: RotaryTable, x: torch.Tensor) -> torch.Tensor:
     return out.view(x.shape)
 
 
-def rotary_qk(table: RotaryTable, q: torch.Tensor,
+def rotary_qk(table: RotaryRows, q: torch.Tensor,
               k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotated copies of ``q`` and ``k`` (``[T, heads * D]`` or ``[T, heads, D]``) in one launch.
 
@@ -257,12 +263,12 @@ def rotary_qk(table: RotaryTable, q: torch.Tensor,
     return out_q.view(q.shape), out_k.view(k.shape)
 
 
-def qk_norm_rotary(table: RotaryTable, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
+def qk_norm_rotary(table: RotaryRows, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
                    k_weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-head RMSNorm of ``q [T, H, D]`` and ``k [T, KV, D]`` (weights ``[D]`` each), then
     rotary, in one launch (Qwen3's attention input).
 
-    Rounds as :func:`qk_norm_rotary_torch`: normalised value, weighted value, ``x * cos``
+    Rounds as the norm then the rotation in torch: normalised value, weighted value, ``x * cos``
     and the rotated value each in the dtype.
 
     Returns:
@@ -273,13 +279,3 @@ def qk_norm_rotary(table: RotaryTable, q: torch.Tensor, k: torch.Tensor, q_weigh
                                   (q_weight.contiguous(), k_weight.contiguous()), eps)
     return out_q, out_k
 
-
-def qk_norm_rotary_torch(table: RotaryTable, q: torch.Tensor, k: torch.Tensor,
-                         q_weight: torch.Tensor, k_weight: torch.Tensor,
-                         eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The torch reference of :func:`qk_norm_rotary`: the layers' norm then their rotation."""
-    from inference_engine.layers.norm import rms_norm_torch
-    from inference_engine.layers.rotary import rotate_torch
-
-    return (rotate_torch(table, rms_norm_torch(q, q_weight, eps)),
-            rotate_torch(table, rms_norm_torch(k, k_weight, eps)))
