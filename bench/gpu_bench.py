@@ -133,14 +133,14 @@ def sync_check(llm: LLM) -> str:
     try:
         with engine.platform.forbid_host_sync():
             logits = runner.execute_batch(batch)
-            tokens = engine.sampler(logits.sample_logits, _plain_batch(logits.sample_logits))
+            tokens = engine.sampler(logits.sample_logits, _random_sampling_batch(logits.sample_logits))
         tokens.sampled_token_ids.tolist()  # the one read per step, after the check
         return "ok"
     except Exception as exc:  # noqa: BLE001 - reported, not raised
         return f"{type(exc).__name__}: {exc}"
 
 
-def _plain_batch(logits: torch.Tensor) -> Any:
+def _random_sampling_batch(logits: torch.Tensor) -> Any:
     from inference_engine.sampling.batch import SamplingBatch
 
     rows = logits.shape[0]

@@ -44,6 +44,8 @@ from inference_engine.plugins import get_plugins
 from inference_engine.testing import train_tiny_tokenizer
 from inference_engine.testing_parity import (
     MOE_CONFIGS,
+    PARITY_NEW_TOKENS,
+    PARITY_PROMPTS,
     TINY_CONFIGS,
     Divergence,
     first_divergence,
@@ -51,15 +53,8 @@ from inference_engine.testing_parity import (
     randomize,
 )
 
-# The prompts and length of the MoE engine parity test (plugins/models/tests).
-PROMPTS = [
-    "The quick brown fox",
-    "Paged attention stores keys and values in fixed size blocks. Continuous batching mixes",
-    "héllo wörld",
-    "def add(a, b):",
-    "1 2 3",
-]
-NEW_TOKENS = 16
+PROMPTS = PARITY_PROMPTS
+NEW_TOKENS = PARITY_NEW_TOKENS
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _LAYER = re.compile(r"layers\.(\d+)\.")
 

@@ -33,7 +33,8 @@ from inference_engine.engine.model_runner import attention_layers
 from inference_engine.interfaces.attention import AttentionMetadata
 from inference_engine.interfaces.model import ModelContext
 
-__all__ = ["BACKENDS", "DENSE_CONFIGS", "MOE_CONFIGS", "TINY_CONFIGS", "Divergence", "Seq",
+__all__ = ["BACKENDS", "DENSE_CONFIGS", "MOE_CONFIGS", "PARITY_NEW_TOKENS", "PARITY_PROMPTS",
+           "TINY_CONFIGS", "Divergence", "Seq",
            "Twin", "assert_greedy_matches", "build_twin", "first_divergence", "hf_greedy",
            "hf_logits", "make_step", "randomize", "run_step", "saved_tensors",
            "tiny_dense_config"]
@@ -47,6 +48,17 @@ BACKENDS = {"torch_sdpa": TorchSDPABackend, "paged": CpuPagedAttentionBackend}
 # architecture -> transformers config class name, for the dense decoders.
 DENSE_CONFIGS = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}
 
+
+# Prompts (ASCII, accents, code, digits) and length of the engine greedy-parity runs
+# (the MoE engine test and bench/gpu_parity.py).
+PARITY_PROMPTS = [
+    "The quick brown fox",
+    "Paged attention stores keys and values in fixed size blocks. Continuous batching mixes",
+    "héllo wörld",
+    "def add(a, b):",
+    "1 2 3",
+]
+PARITY_NEW_TOKENS = 16
 
 def tiny_dense_config(arch: str, vocab_size: int = 256, **overrides: Any) -> Any:
     """A 2-layer, hidden-64 ``arch`` config (eager attention), ``overrides`` applied."""

@@ -25,6 +25,8 @@ from inference_engine.testing import cpu_llm, train_tiny_tokenizer
 from inference_engine.testing_parity import (
     BACKENDS,
     MOE_CONFIGS,
+    PARITY_NEW_TOKENS,
+    PARITY_PROMPTS,
     Seq,
     assert_greedy_matches,
     build_twin,
@@ -186,14 +188,8 @@ def test_mla_caches_the_latent_and_both_decode_paths_agree():
 # The whole engine: batch of prompts, chunked prefill and preemption forced.
 # --------------------------------------------------------------------------- #
 
-PROMPTS = [
-    "The quick brown fox",
-    "Paged attention stores keys and values in fixed size blocks. Continuous batching mixes",
-    "héllo wörld",
-    "def add(a, b):",
-    "1 2 3",
-]
-NEW_TOKENS = 16
+PROMPTS = PARITY_PROMPTS
+NEW_TOKENS = PARITY_NEW_TOKENS
 
 
 @pytest.fixture(scope="module")

@@ -305,16 +305,22 @@ class ModelRunner:
             max_seq_len=max(seq_lens),
         )
 
-    def _fill_padding_step(self, size: int) -> None:
-        """Host buffers of a decode step whose ``size`` rows are all padding."""
+    def _pad_rows(self, start: int, size: int) -> None:
+        """Make decode rows ``start..size`` padding in the host buffers: one query each, no
+        context, slot -1 (they read and write nothing)."""
         buf = self.buffers
-        buf.host_view("input_ids", size)[:] = 0
-        buf.host_view("positions", size)[:] = 0
-        buf.host_view("slot_mapping", size)[:] = -1
-        buf.host_view("query_start_loc", size + 1)[:] = np.arange(size + 1)
-        buf.host_view("seq_lens", size)[:] = 0
-        buf.host_tables(size)[:] = 0
-        buf.upload(size)
+        buf.host_view("input_ids", size)[start:] = 0
+        buf.host_view("positions", size)[start:] = 0
+        buf.host_view("slot_mapping", size)[start:] = -1
+        buf.host_view("query_start_loc", size + 1)[start + 1 :] = np.arange(start + 1, size + 1)
+        buf.host_view("seq_lens", size)[start:] = 0
+
+    def _fill_padding_step(self, size: int) -> None:
+        """Host and device buffers of a decode step whose ``size`` rows are all padding."""
+        self.buffers.host_view("query_start_loc", 1)[0] = 0
+        self._pad_rows(0, size)
+        self.buffers.host_tables(size)[:] = 0
+        self.buffers.upload(size)
 
     def _graph_metadata(self, size: int) -> AttentionMetadata:
         buf = self.buffers
@@ -387,12 +393,7 @@ class ModelRunner:
         size = self._graph_sizes[bisect.bisect_left(self._graph_sizes, n)]
         self._fill(batch)
         buf = self.buffers
-        if size > n:  # padding rows: one query each, no context, nothing written
-            buf.host_view("input_ids", size)[n:] = 0
-            buf.host_view("positions", size)[n:] = 0
-            buf.host_view("slot_mapping", size)[n:] = -1
-            buf.host_view("query_start_loc", size + 1)[n + 1 :] = np.arange(n + 1, size + 1)
-            buf.host_view("seq_lens", size)[n:] = 0
+        self._pad_rows(n, size)
         buf.upload(size)
         self._fill_pending(batch)
         entry = self._graphs[size]
