@@ -4,7 +4,9 @@
 # /tmp/gpu_check) as it goes, so a run cut at its limit still returns what it did, and
 # prints one summary at the end.
 #
-# On the device machine, from the project root (wheels from ../shared/tools/gpu-wheels.sh
+# On the device machine, from the project root (wheels from `../shared/tools/gpu-wheels.sh ninja`:
+# its image lists no ninja, without which no CPU kernel builds: the likely cause of the CPU
+# kernel tests failing there on 2026-12-04, unverified;
 # carried as .whl):
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl &&
 #   python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site \

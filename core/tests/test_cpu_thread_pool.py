@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -148,10 +149,23 @@ def test_core_kernel_sources_ship_with_the_package():
                    "cpu_gemv.cpp", "cpu_fused.cpp"):
         assert (CSRC_DIR / source).is_file()
         assert csrc_extension_name("ie_test", [source])
-    from inference_engine.builtin.attention.cpu_decode_kernel import SIMD_HELPERS_CPP
+    # Shared helpers are headers the sources include, not text spliced into them.
+    assert "online_softmax_step" in (CSRC_DIR / "ie_simd_helpers.h").read_text()
+    assert "parallel_tasks" in (CSRC_DIR / "ie_parallel_tasks.h").read_text()
+    assert '#include "ie_simd_helpers.h"' in (CSRC_DIR / "cpu_decode_attention.cpp").read_text()
 
-    assert "online_softmax_step" in SIMD_HELPERS_CPP
-    assert "parallel_tasks" in cpu_thread_pool.PARALLEL_TASKS_CPP
+
+def test_ninja_from_the_package_is_put_on_path(monkeypatch):
+    """Without ninja on PATH (an unactivated venv, pip --target), the builder still finds the
+    binary the ``ninja`` package ships (the GPU machine's image has no ninja of its own)."""
+    ninja = pytest.importorskip("ninja")
+    from inference_engine import cpu_extensions
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    found = cpu_extensions.ensure_ninja_on_path()
+    assert found is not None and Path(found).parent == Path(ninja.BIN_DIR)
+    assert os.environ["PATH"].split(os.pathsep)[0] == ninja.BIN_DIR
+    assert subprocess.run([found, "--version"], capture_output=True).returncode == 0
 
 
 def test_switched_off_kernels_are_never_built(monkeypatch):

@@ -1,11 +1,13 @@
 """Build C++ CPU kernels once per process, with one switch to turn them all off.
 
 The engine's CPU kernels (decode attention in the core, GGML block matmuls in
-the GGUF plugin, ...) are compiled on first use: the core's from their files in
-``inference_engine/csrc`` with ``torch.utils.cpp_extension.load``
-(:func:`load_cpu_extension_from_files`), a plugin's held source with
-``load_inline`` (:func:`load_cpu_extension`). A C++ compiler and ninja are
-needed, the first build takes about a minute and torch caches it on disk
+the GGUF plugin, ...) are compiled on first use from their files in a ``csrc``
+folder of their distribution with ``torch.utils.cpp_extension.load``
+(:func:`load_cpu_extension_from_files`). A C++ compiler and ninja are needed
+(ninja comes with the core's ``ninja`` dependency: its binary is put on
+``PATH`` when no other is there, so an unactivated virtual environment or a
+``pip install --target`` still builds), the first build takes about a minute
+and torch caches it on disk
 (``TORCH_EXTENSIONS_DIR``, else ``~/.cache/torch_extensions``). Wherever a
 build is impossible the caller gets ``None`` (logged once) and uses its plain
 torch path, which is also the reference every kernel is tested against. Set
@@ -27,6 +29,7 @@ import logging
 import os
 import platform
 import re
+import shutil
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,7 +37,7 @@ from typing import Any
 
 __all__ = [
     "CPU_KERNELS_ENV", "CSRC_DIR", "DEFAULT_CFLAGS", "DEFAULT_LDFLAGS", "cpu_kernels_enabled",
-    "csrc_extension_name", "extension_name", "isa_key", "load_cpu_extension",
+    "csrc_extension_name", "ensure_ninja_on_path", "extension_name", "isa_key",
     "load_cpu_extension_from_files",
 ]
 
@@ -175,6 +178,29 @@ def csrc_extension_name(
     return name
 
 
+def ensure_ninja_on_path() -> str | None:
+    """The ``ninja`` torch's builder will run, putting the ``ninja`` package's binary on ``PATH``
+    when none is there.
+
+    torch looks for ninja on ``PATH`` only; the ``ninja`` wheel installs its binary inside the
+    package and a launcher in the environment's ``bin``, which is not on ``PATH`` when the
+    environment's Python is run without activating it (``.venv/bin/python``, ``pip install
+    --target``). Returns the path found, or None (then the build fails and says so).
+    """
+    found = shutil.which("ninja")
+    if found is not None:
+        return found
+    try:
+        import ninja  # the PyPI package: a binary under ninja.BIN_DIR
+    except ImportError:
+        return None
+    bin_dir = getattr(ninja, "BIN_DIR", None)
+    if not bin_dir or not (Path(bin_dir) / "ninja").is_file():
+        return None
+    os.environ["PATH"] = os.pathsep.join([bin_dir, os.environ.get("PATH", "")])
+    return shutil.which("ninja")
+
+
 def _build(name: str, description: str, build: Any) -> Any | None:
     """``_MODULES[name]``, built with ``build()`` the first time (None when off or failing)."""
     if name in _MODULES:
@@ -186,45 +212,14 @@ def _build(name: str, description: str, build: Any) -> Any | None:
         if cpu_kernels_enabled():
             try:
                 logger.info("building %s (first use only)", description)
+                if ensure_ninja_on_path() is None:
+                    raise RuntimeError("ninja was not found on PATH nor as the 'ninja' package "
+                                       "(pip install ninja)")
                 module = build()
             except Exception as exc:  # no compiler, no ninja, no headers: the torch path
                 logger.warning("%s unavailable, using the torch path: %s", description, exc)
         _MODULES[name] = module
         return module
-
-
-def load_cpu_extension(
-    name: str,
-    source: str,
-    functions: list[str],
-    *,
-    description: str,
-    extra_cflags: tuple[str, ...] = (),
-) -> Any | None:
-    """The module ``name`` compiled from C++ held in a string, or None.
-
-    Built with ``load_inline`` under ``name`` plus :func:`isa_key` and a hash of
-    ``source`` and the flags. ``description`` names the kernel in the log lines
-    ("the GGML block matmul kernel"). Thread-safe; each name is built at most
-    once per process.
-    """
-    if name in _MODULES:
-        return _MODULES[name]
-
-    def build() -> Any:
-        from torch.utils.cpp_extension import load_inline
-
-        cflags = [*DEFAULT_CFLAGS, *extra_cflags]
-        return load_inline(
-            name=f"{name}_{isa_key()}_{_short_hash(source, *cflags)}",
-            cpp_sources=[source],
-            functions=functions,
-            extra_cflags=cflags,
-            extra_ldflags=list(DEFAULT_LDFLAGS),
-            verbose=False,
-        )
-
-    return _build(name, description, build)
 
 
 def load_cpu_extension_from_files(

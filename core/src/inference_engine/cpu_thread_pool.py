@@ -29,30 +29,14 @@ import torch
 
 from inference_engine import cpu_extensions
 from inference_engine.cpu_extensions import (
-    CSRC_DIR,
     csrc_extension_name,
-    load_cpu_extension,
     load_cpu_extension_from_files,
 )
 
-__all__ = ["PARALLEL_TASKS_CPP", "SPIN_ENV", "kernel_runner", "load_pooled_extension",
-           "load_pooled_sources", "parallel_runner_address", "pool_wanted", "thread_pool"]
+__all__ = ["SPIN_ENV", "kernel_runner", "load_pooled_sources", "parallel_runner_address",
+           "pool_wanted", "thread_pool"]
 
 SPIN_ENV = "INFERENCE_ENGINE_CPU_SPIN_US"
-
-def __getattr__(name: str) -> str:
-    # PARALLEL_TASKS_CPP: the text of ``csrc/ie_parallel_tasks.h`` (read on first access, not at
-    # import): ``parallel_tasks`` and the ``set_parallel_runner`` function to export and call
-    # with parallel_runner_address(), for C++ held in a string (load_pooled_extension puts it
-    # where the source's ``PARALLEL_TASKS`` line was). Sources in files include the header.
-    if name == "PARALLEL_TASKS_CPP":
-        return _parallel_tasks_cpp()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _parallel_tasks_cpp() -> str:
-    return (CSRC_DIR / "ie_parallel_tasks.h").read_text()
-
 
 _STARTED: dict[str, Any] = {}
 
@@ -92,28 +76,6 @@ def parallel_runner_address() -> int:
         return 0
     module = thread_pool()
     return 0 if module is None else int(module.runner_address())
-
-
-_POOLED: dict[str, Any] = {}  # name -> built module, already pointed at the pool
-
-
-def load_pooled_extension(name: str, source: str, functions: list[str], *, description: str,
-                          extra_cflags: tuple[str, ...] = ()) -> Any | None:
-    """:func:`~inference_engine.cpu_extensions.load_cpu_extension` for C++ held in a string
-    that runs ``parallel_tasks``: its source's ``PARALLEL_TASKS`` line becomes the text of
-    ``csrc/ie_parallel_tasks.h`` (``PARALLEL_TASKS_CPP``), and the built module is pointed at
-    the pool (or at ATen's threads) once. Called on every kernel call: a built module is found
-    with two dict lookups."""
-    module = _POOLED.get(name)
-    if module is not None and cpu_extensions._MODULES.get(name) is module:
-        return module
-    module = load_cpu_extension(
-        name, source.replace("PARALLEL_TASKS", _parallel_tasks_cpp()),
-        [*functions, "set_parallel_runner"], description=description, extra_cflags=extra_cflags)
-    if module is not None:
-        module.set_parallel_runner(parallel_runner_address())
-    _POOLED[name] = module
-    return module
 
 
 _POOLED_FILES: dict[str, tuple[str, Any]] = {}  # stem -> (built name, module pointed at the pool)

@@ -34,10 +34,9 @@ from typing import Any
 
 import torch
 
-from inference_engine.cpu_extensions import CSRC_DIR
 from inference_engine.cpu_thread_pool import load_pooled_sources
 
-__all__ = ["KERNEL_CACHE_DTYPES", "SIMD_HELPERS_CPP", "decode_kernel", "paged_decode_attention",
+__all__ = ["KERNEL_CACHE_DTYPES", "decode_kernel", "paged_decode_attention",
            "reads_cache", "write_kv_rows"]
 
 # Cache dtypes the kernels read and write.
@@ -49,16 +48,6 @@ def reads_cache(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
     :data:`KERNEL_CACHE_DTYPES` in blocks of at most 16 tokens."""
     return (query.device.type == "cpu" and query.dtype == torch.float32
             and k_cache.dtype in KERNEL_CACHE_DTYPES and k_cache.shape[1] <= 16)
-
-
-def __getattr__(name: str) -> str:
-    # SIMD_HELPERS_CPP: the text of ``csrc/ie_simd_helpers.h`` (read on first access, not at
-    # import), shared by the CPU attention kernels in namespace ``ie_simd``: float32 or bfloat16
-    # loads widened to float32, a vectorised exp, an online-softmax step over a 16-key block and
-    # the probability-weighted sum of a block's values. Kernels in files include the header.
-    if name == "SIMD_HELPERS_CPP":
-        return (CSRC_DIR / "ie_simd_helpers.h").read_text()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def decode_kernel() -> Any | None:
