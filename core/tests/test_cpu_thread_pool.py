@@ -103,6 +103,17 @@ def test_extension_name_changes_when_an_included_header_changes(tmp_path):
     assert extension_name("ie_test", [source]) not in (first, second)
 
 
+def test_extension_name_changes_with_the_torch_it_is_built_against(tmp_path, monkeypatch):
+    """Environments with different torches sharing a cache folder build apart."""
+    from inference_engine import cpu_extensions
+
+    source = tmp_path / "k.cpp"
+    source.write_text("int f() { return 1; }\n")
+    first = cpu_extensions.extension_name("ie_test", [source])
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    assert cpu_extensions.extension_name("ie_test", [source]) != first
+
+
 def test_extension_name_finds_headers_on_the_include_path(tmp_path):
     from inference_engine.cpu_extensions import extension_name
 

@@ -108,6 +108,16 @@ def isa_key(flags: Sequence[str] | None = None) -> str:
     return _short_hash(platform.machine(), " ".join(sorted(_ISA_FLAGS.intersection(flags))))
 
 
+def torch_build_tag() -> str:
+    """The torch version and Python ABI a C++ extension is built for (part of its name)."""
+    import sys
+
+    import torch
+
+    abi = torch.compiled_with_cxx11_abi()
+    return f"torch {torch.__version__} cxx11abi={abi} {sys.implementation.cache_tag}"
+
+
 def _included_files(sources: Sequence[Path], include_dirs: Sequence[Path]) -> list[Path]:
     """The sources and every header they reach with ``#include "..."`` found in their own
     folder or ``include_dirs``, each once, in a stable order."""
@@ -145,11 +155,13 @@ def extension_name(
         flags: CPU flags for :func:`isa_key` (None: this machine's).
 
     Returns:
-        A name that changes when a source, a header it includes, the flags or the CPU's
-        instruction set change.
+        A name that changes when a source, a header it includes, the flags, the torch
+        version or the CPU's instruction set change.
     """
     files = _included_files([Path(s) for s in sources], [Path(d) for d in include_dirs])
-    parts: list[str | bytes] = [*DEFAULT_CFLAGS, *extra_cflags]
+    # The torch and Python it is built against: a build links one torch's C++ ABI, and a cache
+    # folder shared by environments with different torches must not hand one's build to another.
+    parts: list[str | bytes] = [torch_build_tag(), *DEFAULT_CFLAGS, *extra_cflags]
     for path in files:
         parts += [path.name, path.read_bytes()]
     return f"{stem}_{isa_key(flags)}_{_short_hash(*parts)}"
