@@ -109,6 +109,11 @@ class AttentionBackend(ABC):
     # [num_heads] learned per-head logits added to each softmax's denominator (gpt-oss
     # attention sinks), set by the attention layer; None for ordinary attention.
     sinks: torch.Tensor | None = None
+    # Per-tensor scales of a float8 cache (stored values are ``x / scale``), set by the attention
+    # layer from the checkpoint's ``k_scale``/``v_scale`` (else 1.0). A backend that lists a
+    # float8 dtype in supports_kv_cache_dtype honours them; other caches ignore them.
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
     def __init__(
         self,

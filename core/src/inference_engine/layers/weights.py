@@ -127,6 +127,7 @@ def load_checkpoint_weights(
     """
     layouts = checkpoint_layouts(model, stacked)
     expected = checkpoint_names(model, stacked)
+    scale_names = kv_scale_names(model)
     params = dict(model.named_parameters())
     consumed: set[str] = set()
     loaded: set[str] = set()
@@ -137,6 +138,15 @@ def load_checkpoint_weights(
             consumed.add(name)
             continue
         target = expected.get(name)
+        if target is None and name in scale_names:
+            for module_name, which in scale_names[name]:
+                try:
+                    model.get_submodule(module_name).load_kv_scale(which, tensor)
+                except ValueError as exc:
+                    mismatched[name] = str(exc)
+            if name not in mismatched:
+                consumed.add(name)
+            continue
         if target is None:
             unexpected.append(name)
             continue
@@ -175,6 +185,25 @@ def load_checkpoint_weights(
     if problems:
         raise ValueError(f"checkpoint does not fit {type(model).__name__}: " + "; ".join(problems))
     return consumed
+
+
+def kv_scale_names(model: nn.Module) -> dict[str, list[tuple[str, str]]]:
+    """Checkpoint names of KV-cache scales -> (module, ``k_scale``/``v_scale``) they set.
+
+    A module declaring ``checkpoint_kv_scales`` and ``load_kv_scale`` (the attention layer)
+    answers to those names relative to its parent (``...self_attn.k_scale`` for
+    ``...self_attn.attn``).
+    """
+    result: dict[str, list[tuple[str, str]]] = {}
+    for module_name, module in model.named_modules():
+        table = getattr(module, "checkpoint_kv_scales", None)
+        if not table or not module_name:
+            continue
+        parent = module_name.rpartition(".")[0]
+        for suffix, targets in table.items():
+            name = f"{parent}.{suffix}" if parent else suffix
+            result.setdefault(name, []).extend((module_name, t) for t in targets)
+    return result
 
 
 def _copy_whole(param: torch.Tensor, loaded: torch.Tensor) -> None:

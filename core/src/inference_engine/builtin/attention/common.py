@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from inference_engine.builtin.attention.attention_reference import quantize
 from inference_engine.builtin.attention.cpu_decode_kernel import write_kv_rows
 from inference_engine.interfaces.attention import AttentionMetadata
 
@@ -41,13 +42,16 @@ def write_kv(
     key: torch.Tensor,
     value: torch.Tensor,
     metadata: AttentionMetadata,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Store the step's new K/V at their slots.
 
     Per-layer caches are strided views into the block-contiguous pool, so the
     slot is addressed as (block, offset) rather than through a flat view. On
     CPU the C++ kernel copies the rows (advanced indexing cost ~150 µs per
-    layer for 64 rows); elsewhere, indexing.
+    layer for 64 rows); elsewhere, indexing. A float8 cache stores
+    ``clamp(x / scale)`` (:func:`~.attention_reference.quantize`).
     """
     if metadata.slot_blocks is None:
         blocks = torch.div(metadata.slot_mapping, metadata.block_size, rounding_mode="floor")
@@ -56,8 +60,8 @@ def write_kv(
         blocks, offsets = metadata.slot_blocks, metadata.slot_offsets
     if write_kv_rows(k_cache, v_cache, key, value, blocks, offsets):
         return
-    k_cache[blocks, offsets] = key.to(k_cache.dtype)
-    v_cache[blocks, offsets] = value.to(v_cache.dtype)
+    k_cache[blocks, offsets] = quantize(key, k_cache.dtype, k_scale)
+    v_cache[blocks, offsets] = quantize(value, v_cache.dtype, v_scale)
 
 
 def gather_context(

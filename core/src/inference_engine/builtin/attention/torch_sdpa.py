@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from inference_engine.builtin.attention.attention_reference import dequantize
 from inference_engine.builtin.attention.common import (
     attend_sequence,
     causal_mask,
@@ -26,7 +27,7 @@ class TorchSDPABackend(AttentionBackend):
 
     @classmethod
     def supports_kv_cache_dtype(cls, dtype: torch.dtype) -> bool:
-        # Any dtype torch casts to and from: fp8 (e4m3) caches with unit scales too.
+        # Any dtype torch casts to and from; a float8 cache with its per-tensor scales.
         return dtype.is_floating_point
 
     def forward(
@@ -38,7 +39,7 @@ class TorchSDPABackend(AttentionBackend):
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         k_cache, v_cache = kv_cache
-        write_kv(k_cache, v_cache, key, value, metadata)
+        write_kv(k_cache, v_cache, key, value, metadata, self.k_scale, self.v_scale)
         out = torch.empty(
             query.shape[0], self.num_heads, self.head_dim, dtype=query.dtype, device=query.device
         )
@@ -46,8 +47,17 @@ class TorchSDPABackend(AttentionBackend):
         for i, seq_len in enumerate(metadata.seq_lens_list):
             start, end = starts[i], starts[i + 1]
             table = metadata.block_tables[i]
-            k = gather_context(k_cache, table, seq_len, metadata.block_size).to(query.dtype)
-            v = gather_context(v_cache, table, seq_len, metadata.block_size).to(query.dtype)
+            k = self._read(gather_context(k_cache, table, seq_len, metadata.block_size),
+                           self.k_scale, query.dtype)
+            v = self._read(gather_context(v_cache, table, seq_len, metadata.block_size),
+                           self.v_scale, query.dtype)
             mask = causal_mask(end - start, seq_len, query.device, self.sliding_window)
             out[start:end] = attend_sequence(query[start:end], k, v, self.scale, mask, self.sinks)
         return out.view(query.shape[0], self.num_heads * self.head_dim)
+
+    @staticmethod
+    def _read(cached: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+        """Cached entries in ``dtype``: a float8 cache's values times its scale."""
+        if cached.dtype == torch.float8_e4m3fn:
+            return dequantize(cached, scale).to(dtype)
+        return cached.to(dtype)

@@ -61,9 +61,6 @@ class TritonAttentionBackend(AttentionBackend):
     supports_sinks = True
     supports_sliding_window = True
     graph_safe = True
-    # Per-tensor scales of a float8 cache; ignored for other cache dtypes.
-    k_scale: float = 1.0
-    v_scale: float = 1.0
 
     def __init__(
         self,

@@ -112,7 +112,8 @@ class FusedMoE(nn.Module):
                 param.weight_loader = _transformed(  # type: ignore[attr-defined]
                     param.weight_loader, name, checkpoint_transform)
         # The expert kernel, chosen once here (the hot path never probes the device).
-        self.kernel = choose_moe_kernel(getattr(ctx, "device", None), platform or _process_platform())
+        self.kernel = choose_moe_kernel(getattr(ctx, "device", None),
+                                        platform or _process_platform())
         self._experts_fn: ExpertsFn = _experts_fn(self.kernel)
 
     def checkpoint_layouts(self, leaf: str) -> list[dict[str, object]]:
