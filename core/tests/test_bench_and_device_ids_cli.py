@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from inference_engine.device_ids import InvalidDeviceIdsError
+from inference_engine.platforms.device_ids import InvalidDeviceIdsError
 from inference_engine.testing import TEST_PLATFORM, cpu_llm, make_tiny_model, run_cli
 
 

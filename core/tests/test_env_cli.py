@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 import transformers
-from inference_engine.device_info import simulate_devices
 from inference_engine.env_report import collect_env, format_env
-from inference_engine.simulated_devices import machine_from_spec
+from inference_engine.platforms.device_info import simulate_devices
+from inference_engine.platforms.simulated_devices import machine_from_spec
 from inference_engine.testing import has_accelerator, run_cli
 
 TOP_KEYS = {"inference_engine", "python", "os", "versions", "simulated_devices", "platform",

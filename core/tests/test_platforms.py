@@ -11,16 +11,16 @@ import logging
 import pytest
 import torch
 from inference_engine.config import ParallelConfig
-from inference_engine.device_ids import InvalidDeviceIdsError, parse_device_ids
-from inference_engine.device_info import (
+from inference_engine.platforms.device_ids import InvalidDeviceIdsError, parse_device_ids
+from inference_engine.platforms.device_info import (
     DeviceProperties,
     SimulatedDeviceInfo,
     TorchCudaDeviceInfo,
     simulate_devices,
 )
-from inference_engine.platform_selection import PlatformUnavailableError, select_platform
+from inference_engine.platforms.selection import PlatformUnavailableError, select_platform
+from inference_engine.platforms.simulated_devices import PROFILES, machine_from_spec
 from inference_engine.registry import UnknownNameError
-from inference_engine.simulated_devices import PROFILES, machine_from_spec
 from inference_engine.testing import has_accelerator
 
 

@@ -31,7 +31,7 @@ from inference_engine.layers.rotary import (  # noqa: E402
     rotate_cpu,
     rotate_torch,
 )
-from inference_engine.platform_selection import set_current_platform  # noqa: E402
+from inference_engine.platforms.selection import set_current_platform  # noqa: E402
 from inference_engine.testing import run_under_triton_interpreter  # noqa: E402
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
@@ -119,7 +119,7 @@ def test_choice_follows_the_platform_list_for_its_own_device():
 
 
 def test_no_usable_platform_keeps_the_cpu_fall_through(monkeypatch):
-    import inference_engine.platform_selection as selection
+    import inference_engine.platforms.selection as selection
 
     def no_platform():
         raise IndexError("no platform present")

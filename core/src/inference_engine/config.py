@@ -207,7 +207,7 @@ class ParallelConfig:
         if self.tensor_parallel_size != 1:
             raise ValueError("--tensor-parallel-size > 1 is not supported yet")
         if self.device_ids is not None:
-            from inference_engine.device_ids import parse_device_ids
+            from inference_engine.platforms.device_ids import parse_device_ids
 
             # Accepts "0,2" or [0, 2]; raises for non-integers, negatives, repeats.
             self.device_ids = parse_device_ids(self.device_ids)

@@ -49,8 +49,8 @@ def collect_env(platform_name: str | None = None,
 
     from inference_engine import __version__
     from inference_engine.config import visible_devices_from_env
-    from inference_engine.device_info import is_simulated, triton_has_backend
-    from inference_engine.platform_selection import present_platforms, select_platform
+    from inference_engine.platforms.device_info import is_simulated, triton_has_backend
+    from inference_engine.platforms.selection import present_platforms, select_platform
     from inference_engine.plugins import get_plugins
 
     plugin_set = get_plugins()
@@ -169,7 +169,7 @@ def env_command(
         help="Describe these device indices (default 0).")] = None,
 ) -> None:
     """Show the platform, devices, capabilities, versions, plugins and kernels (for bug reports)."""
-    from inference_engine.device_ids import parse_device_ids
+    from inference_engine.platforms.device_ids import parse_device_ids
     from inference_engine.registry import UnknownNameError
 
     try:

@@ -47,7 +47,7 @@ def tuning_config(
         A fresh dict (callers may modify it) with every key of ``default``.
     """
     if platform is None:
-        from inference_engine.platform_selection import current_platform
+        from inference_engine.platforms.selection import current_platform
 
         platform = current_platform()
     key = (op_name, platform.name, platform.arch_name(), _frozen(shape))

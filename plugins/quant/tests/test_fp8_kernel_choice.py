@@ -182,7 +182,7 @@ def test_tiled_reference_equals_untiled(monkeypatch):
 ])
 def test_real_cuda_platform_on_a_simulated_machine(capability, per_tensor, block):
     """The core's CudaPlatform answering from simulated device facts drives the same choice."""
-    device_info = pytest.importorskip("inference_engine.device_info")
+    device_info = pytest.importorskip("inference_engine.platforms.device_info")
     from inference_engine.builtin.platforms.cuda import CudaPlatform
 
     gpu = device_info.DeviceProperties(name="sim", total_memory=80 << 30, capability=capability,
@@ -202,7 +202,7 @@ def test_real_cuda_platform_on_a_simulated_machine(capability, per_tensor, block
 ])
 def test_real_rocm_platform_on_a_simulated_machine(arch, dtype):
     """The ROCm plugin's platform: fnuz on gfx942 (weights converted), OCP on gfx950."""
-    device_info = pytest.importorskip("inference_engine.device_info")
+    device_info = pytest.importorskip("inference_engine.platforms.device_info")
     rocm = pytest.importorskip("inference_engine_rocm.platform")
     gpu = device_info.DeviceProperties(name="sim", total_memory=192 << 30, arch=arch,
                                        shared_memory_per_block=64 << 10)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from inference_engine.device_info import simulate_devices
-from inference_engine.platform_selection import PlatformUnavailableError, select_platform
-from inference_engine.simulated_devices import machine_from_spec
+from inference_engine.platforms.device_info import simulate_devices
+from inference_engine.platforms.selection import PlatformUnavailableError, select_platform
+from inference_engine.platforms.simulated_devices import machine_from_spec
 from inference_engine_rocm.platform import RocmPlatform, base_arch
 
 # profile -> (arch, fp8 dtype, fp4)

@@ -6,10 +6,10 @@ import json
 from importlib import resources
 
 import pytest
-from inference_engine.device_info import simulate_devices
 from inference_engine.kernel_tuning import clear_tuning_cache, tuning_config
-from inference_engine.platform_selection import select_platform
-from inference_engine.simulated_devices import machine_from_spec
+from inference_engine.platforms.device_info import simulate_devices
+from inference_engine.platforms.selection import select_platform
+from inference_engine.platforms.simulated_devices import machine_from_spec
 from inference_engine_rocm.tuning import (
     CONFIG_KEYS,
     TuningTable,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from inference_engine.device_ids import InvalidDeviceIdsError
-from inference_engine.device_info import simulate_devices
-from inference_engine.platform_selection import PlatformUnavailableError, select_platform
-from inference_engine.simulated_devices import machine_from_spec
+from inference_engine.platforms.device_ids import InvalidDeviceIdsError
+from inference_engine.platforms.device_info import simulate_devices
+from inference_engine.platforms.selection import PlatformUnavailableError, select_platform
+from inference_engine.platforms.simulated_devices import machine_from_spec
 from inference_engine_xpu.platform import TorchXpuDeviceInfo, XpuPlatform
 
 
@@ -58,7 +58,7 @@ def test_real_machine_has_no_xpu():
 
 
 def test_dtypes_follow_reported_features():
-    from inference_engine.device_info import DeviceProperties
+    from inference_engine.platforms.device_info import DeviceProperties
 
     no_bf16 = DeviceProperties("Old iGPU", 4 << 30, features=frozenset({"fp16"}))
     unknown = DeviceProperties("Unknown", 4 << 30)

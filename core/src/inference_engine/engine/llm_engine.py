@@ -19,7 +19,7 @@ from inference_engine.engine.request import FinishReason, Request
 from inference_engine.engine.scheduler import Scheduler, SchedulerOutput
 from inference_engine.interfaces.platform import MemoryProfiler
 from inference_engine.outputs import CompletionOutput, RequestOutput
-from inference_engine.platform_selection import select_platform, set_current_platform
+from inference_engine.platforms.selection import select_platform, set_current_platform
 from inference_engine.sampling_params import SamplingParams
 
 __all__ = ["LLMEngine", "PromptInput"]

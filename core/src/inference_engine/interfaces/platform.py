@@ -2,7 +2,7 @@
 
 A platform answers questions (``fp8_dtype()``, ``supports_fp4()``,
 ``attention_backends()``); callers never branch on its name or class. Its
-device facts come from a :class:`~inference_engine.device_info.DeviceInfoSource`
+device facts come from a :class:`~inference_engine.platforms.device_info.DeviceInfoSource`
 (torch's runtime, or a simulated machine in tests), never straight from torch.
 """
 
@@ -15,7 +15,11 @@ from typing import Any, ClassVar
 
 import torch
 
-from inference_engine.device_info import DeviceInfoSource, DeviceProperties, device_info_for
+from inference_engine.platforms.device_info import (
+    DeviceInfoSource,
+    DeviceProperties,
+    device_info_for,
+)
 
 __all__ = ["MemoryProfiler", "Platform"]
 
@@ -78,7 +82,10 @@ class Platform(ABC):  # noqa: B024 - every method has a working default
                 the message names the available devices.
         """
         from inference_engine.config import visible_devices_from_env
-        from inference_engine.device_ids import validate_device_ids, visible_devices_notice
+        from inference_engine.platforms.device_ids import (
+            validate_device_ids,
+            visible_devices_notice,
+        )
 
         self.info: DeviceInfoSource = type(self).device_info()
         visible = visible_devices_from_env(self.visible_devices_env_vars)
@@ -92,7 +99,7 @@ class Platform(ABC):  # noqa: B024 - every method has a working default
     @classmethod
     def make_device_info(cls) -> DeviceInfoSource:
         """The real (torch-backed) source of this platform's device facts."""
-        from inference_engine.device_info import CpuDeviceInfo
+        from inference_engine.platforms.device_info import CpuDeviceInfo
 
         return CpuDeviceInfo()
 

@@ -33,7 +33,7 @@ _FALL_THROUGH = "cpu"
 
 def _process_platform() -> Platform | None:
     """The process's platform (the engine's, else auto-selected); None when none is usable."""
-    from inference_engine.platform_selection import current_platform
+    from inference_engine.platforms.selection import current_platform
 
     try:
         return current_platform()

@@ -60,9 +60,9 @@ def current_platform_or_none(options: dict[str, Any]) -> Any:
     if platform is not None:
         return platform
     try:
-        from inference_engine.platform_selection import current_platform
+        from inference_engine.platforms.selection import current_platform
     except ImportError:
-        from inference_engine.platform_selection import select_platform
+        from inference_engine.platforms.selection import select_platform
 
         return select_platform()
     return current_platform()

@@ -21,16 +21,16 @@ from __future__ import annotations
 
 import torch
 from inference_engine.builtin.platforms.cuda import TorchCudaRuntime
-from inference_engine.device_info import (
-    DeviceInfoSource,
-    TorchCudaDeviceInfo,
-    triton_has_backend,
-)
 from inference_engine.interfaces.platform import (
     KERNEL_SCALED_MM_FP8,
     KERNEL_TRITON_FP8,
     KERNEL_TRITON_FP8_BLOCK,
     KERNEL_TRITON_MXFP4,
+)
+from inference_engine.platforms.device_info import (
+    DeviceInfoSource,
+    TorchCudaDeviceInfo,
+    triton_has_backend,
 )
 
 __all__ = ["RocmPlatform", "base_arch"]

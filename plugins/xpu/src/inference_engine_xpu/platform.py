@@ -9,8 +9,12 @@ Device ids index the devices left visible by ``ZE_AFFINITY_MASK`` /
 from __future__ import annotations
 
 import torch
-from inference_engine.device_info import DeviceInfoSource, DeviceProperties, triton_has_backend
 from inference_engine.interfaces.platform import Platform
+from inference_engine.platforms.device_info import (
+    DeviceInfoSource,
+    DeviceProperties,
+    triton_has_backend,
+)
 
 __all__ = ["TorchXpuDeviceInfo", "XpuPlatform"]
 

@@ -22,11 +22,6 @@ from typing import Any
 
 import torch
 
-from inference_engine.device_info import (
-    DeviceInfoSource,
-    TorchCudaDeviceInfo,
-    triton_has_backend,
-)
 from inference_engine.interfaces.platform import (
     KERNEL_SCALED_MM_FP4,
     KERNEL_SCALED_MM_FP8,
@@ -35,6 +30,11 @@ from inference_engine.interfaces.platform import (
     KERNEL_TRITON_MXFP4,
     MemoryProfiler,
     Platform,
+)
+from inference_engine.platforms.device_info import (
+    DeviceInfoSource,
+    TorchCudaDeviceInfo,
+    triton_has_backend,
 )
 
 __all__ = ["CudaPlatform", "TorchCudaMemoryProfiler", "TorchCudaRuntime", "capture_cuda_graph", "cuda_family",

@@ -17,12 +17,12 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
-from inference_engine.device_properties import (
+from inference_engine.platforms.device_properties import (
     DeviceInfoSource,
     DeviceProperties,
     SimulatedDeviceInfo,
 )
-from inference_engine.simulated_devices import machine_from_spec
+from inference_engine.platforms.simulated_devices import machine_from_spec
 
 __all__ = [
     "CpuDeviceInfo",

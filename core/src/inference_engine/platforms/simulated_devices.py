@@ -9,7 +9,7 @@ what each runtime reports: ``major.minor`` from ``torch.cuda.get_device_capabili
 
 from __future__ import annotations
 
-from inference_engine.device_properties import DeviceProperties, SimulatedDeviceInfo
+from inference_engine.platforms.device_properties import DeviceProperties, SimulatedDeviceInfo
 
 __all__ = ["PROFILES", "machine_from_spec", "profile"]
 
