@@ -16,6 +16,7 @@
 # Steps (each with its own timeout; a failing step does not stop the others):
 #   1. bench/gpu_bench.py: the bench model, ours vs transformers on the same GPU, sync check
 #   2. bench/gpu_parity.py: greedy parity of every registered architecture on CUDA
+#   2b. bench/gpu_profile_decode.py: where a batch-1 decode token's time goes (kernels vs wall)
 #   3. the Triton kernel tests (on the GPU where they have a CUDA variant)
 #   4. the suite's engine/model/sampling tests with CUDA present (device honesty)
 set -uo pipefail
@@ -27,7 +28,8 @@ BENCH_TIMEOUT=${BENCH_TIMEOUT:-210}
 PARITY_TIMEOUT=${PARITY_TIMEOUT:-100}
 KERNEL_TIMEOUT=${KERNEL_TIMEOUT:-60}
 SUITE_TIMEOUT=${SUITE_TIMEOUT:-110}
-STEPS=${STEPS:-bench parity kernels suite}
+PROFILE_TIMEOUT=${PROFILE_TIMEOUT:-120}
+STEPS=${STEPS:-bench parity profile kernels suite}
 # Measured 2026-12-04 on the H200: bench 49 s, parity 37 s; the suite's xdist start-up alone
 # took over 50 s there, so give it its 110 s.
 
@@ -52,6 +54,8 @@ for step in $STEPS; do
     bench) run_step bench "$BENCH_TIMEOUT" $PY bench/gpu_bench.py --out "$OUT/gpu_bench.json" ;;
     parity) run_step parity "$PARITY_TIMEOUT" $PY bench/gpu_parity.py --device cuda \
               --out "$OUT/gpu_parity.json" ;;
+    profile) run_step profile "$PROFILE_TIMEOUT" $PY bench/gpu_profile_decode.py \
+               --out "$OUT/gpu_profile.json" ;;
     # On the device only the CUDA cases (marked gpu); their interpreter twins run in CI.
     kernels) run_step kernels "$KERNEL_TIMEOUT" $PY -m pytest -q -p no:cacheprovider -m gpu \
                core/tests/test_triton_attention.py core/tests/test_triton_fused.py \
@@ -78,6 +82,16 @@ if bench.exists():
           f"64 req {o.get('requests_64_tok_s')}, 256 req {o.get('requests_256_tok_s')} tok/s vs "
           f"transformers static 64 {t.get('static_batch_64_tok_s')}; sync check {o.get('sync_check')}; "
           f"{o.get('graphs')}")
+prof = out / "gpu_profile.json"
+if prof.exists():
+    p = json.loads(prof.read_text())
+    for mode in ("eager", "graphs"):
+        m = p.get(mode, {})
+        top = ", ".join(f"{k['kernel'][:40]} {k['us_per_token']}us x{k['per_token']}"
+                        for k in m.get("top", [])[:4])
+        print(f"profile {mode}: wall {m.get('wall_us_per_token')} us/token, device "
+              f"{m.get('device_us_per_token')} us ({m.get('kernels_per_token')} kernels), GEMMs "
+              f"{m.get('gemm_us_per_token')} us = {m.get('gemm_weight_read_gb_s')} GB/s; top: {top}")
 parity = out / "gpu_parity.json"
 if parity.exists():
     print("parity:", parity.read_text()[-600:])
