@@ -87,7 +87,7 @@ class LLMEngine:
         pool = self.runner.allocate_kv_cache(num_blocks)
         self.capacity_message = log_capacity(num_blocks, block_size, pool.bytes_per_block,
                                              [spec.dtype for spec in pool.specs],
-                                             self.max_model_len)
+                                             self.max_model_len, pool.fault_in_seconds)
         self.graphs_message = self.runner.capture_decode_graphs()
         self.blocks = BlockManager(num_blocks, block_size, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(sched, self.blocks, self.max_model_len)
