@@ -33,6 +33,8 @@ KERNEL_SCALED_MM_FP4 = "torch._scaled_mm (fp4 block-scaled)"
 KERNEL_TRITON_FP8 = "triton fp8 gemm"
 KERNEL_TRITON_FP8_BLOCK = "triton fp8 block gemm"
 KERNEL_TRITON_MXFP4 = "triton mxfp4 (tl.dot_scaled)"
+KERNEL_INT8_MM = "torch._int_mm (int8 x int8)"
+KERNEL_TRITON_INT_WEIGHT_ONLY = "triton int4/int8 weight-only gemm"
 
 
 class MemoryProfiler(ABC):
@@ -269,9 +271,16 @@ class Platform(ABC):  # noqa: B024 - every method has a working default
         """FP4 matmul paths the device runs natively, best first (empty: none)."""
         return []
 
+    def int_gemm_kernels(self) -> list[str]:
+        """Integer matmul paths, best first (empty: none): ``torch._int_mm`` for INT8 W8A8 and
+        the Triton weight-only GEMM for int4/int8 weights (AWQ, GPTQ, compressed-tensors).
+        Without either, those weights dequantize in torch."""
+        return []
+
     def quant_kernels(self) -> list[str]:
         """Every quantized-matmul path available here; dequantize + matmul always is."""
-        return [*self.fp8_gemm_kernels(), *self.fp4_gemm_kernels(), KERNEL_DEQUANT_MATMUL]
+        return [*self.fp8_gemm_kernels(), *self.fp4_gemm_kernels(), *self.int_gemm_kernels(),
+                KERNEL_DEQUANT_MATMUL]
 
     def kernel_tuning_default(self, op_name: str, shape: dict[str, int]) -> dict[str, Any] | None:
         """Fallback tuning answer when no plugin answers ``ie_kernel_tuning_config``."""

@@ -6,7 +6,7 @@ from functools import cache
 
 import torch
 
-from inference_engine.interfaces.platform import Platform
+from inference_engine.interfaces.platform import KERNEL_INT8_MM, Platform
 
 __all__ = ["CpuPlatform"]
 
@@ -80,6 +80,10 @@ class CpuPlatform(Platform):
 
     def fused_op_kernels(self) -> list[str]:
         return ["cpu", "torch"]
+
+    def int_gemm_kernels(self) -> list[str]:
+        # oneDNN's int8 GEMM: exact, and several times the fp32 matmul's rate.
+        return [KERNEL_INT8_MM]
 
     def supports_triton(self) -> bool:
         # Triton has no CPU code generator; TRITON_INTERPRET=1 (tests) is not a backend.

@@ -23,10 +23,12 @@ from typing import Any
 import torch
 
 from inference_engine.interfaces.platform import (
+    KERNEL_INT8_MM,
     KERNEL_SCALED_MM_FP4,
     KERNEL_SCALED_MM_FP8,
     KERNEL_TRITON_FP8,
     KERNEL_TRITON_FP8_BLOCK,
+    KERNEL_TRITON_INT_WEIGHT_ONLY,
     KERNEL_TRITON_MXFP4,
     MemoryProfiler,
     Platform,
@@ -187,6 +189,12 @@ class CudaPlatform(TorchCudaRuntime):
         kernels = [KERNEL_SCALED_MM_FP8]
         if self.supports_triton():
             kernels += [KERNEL_TRITON_FP8, KERNEL_TRITON_FP8_BLOCK]
+        return kernels
+
+    def int_gemm_kernels(self) -> list[str]:
+        kernels = [KERNEL_INT8_MM] if self.capability() >= (8, 0) else []
+        if self.supports_triton():
+            kernels.append(KERNEL_TRITON_INT_WEIGHT_ONLY)
         return kernels
 
     def fp4_gemm_kernels(self) -> list[str]:
