@@ -25,4 +25,8 @@ def ie_register_quantization_methods() -> list[Spec]:
              "Online NVFP4 (E2M1 + E4M3 per 16 + FP32 global), weight-only W4A16"),
         Spec("modelopt", "inference_engine_quant.modelopt:ModelOptMethod",
              "ModelOpt checkpoints: NVFP4, FP8, MXFP8, MIXED_PRECISION per layer"),
+        Spec("awq", "inference_engine_quant.awq:AwqMethod",
+             "AWQ checkpoints (GEMM layout, 4-bit, zero points): int weight-only GEMM"),
+        Spec("gptq", "inference_engine_quant.gptq:GptqMethod",
+             "GPTQ checkpoints (4/8-bit, g_idx/desc_act, sym/asym): int weight-only GEMM"),
     ]
