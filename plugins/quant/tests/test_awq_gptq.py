@@ -137,3 +137,19 @@ def test_unsupported_settings_are_named():
         GptqMethod({"quant_method": "gptq", "bits": 3})
     with pytest.raises(ValueError, match="checkpoint_format 'marlin'"):
         GptqMethod({"quant_method": "gptq", "checkpoint_format": "marlin"})
+
+
+@pytest.mark.parametrize(("spec", "expected"), [("t4", "triton"), ("h100", "triton")])
+def test_kernel_choice_follows_the_platform_list(spec, expected):
+    pytest.importorskip("triton")
+    from inference_engine.builtin.platforms.cpu import CpuPlatform
+    from inference_engine.platforms.device_info import simulate_devices
+    from inference_engine.platforms.selection import select_platform
+    from inference_engine.platforms.simulated_devices import machine_from_spec
+    from inference_engine_quant.int_weight_only import choose_int_weight_only_kernel
+
+    assert choose_int_weight_only_kernel(CpuPlatform()) == "reference"
+    with simulate_devices(machine_from_spec(spec)):
+        platform = select_platform()
+        assert choose_int_weight_only_kernel(platform) == expected
+        assert ("torch._int_mm (int8 x int8)" in platform.int_gemm_kernels()) == (spec == "h100")
