@@ -95,6 +95,8 @@ class Fp8Method(QuantMethod):
     """Loads ``fp8`` checkpoints (per-tensor or block) into (K, N) FP8 weights."""
 
     name = "fp8"
+    # Name of the block-scale tensor (compressed-tensors FP8 block calls it ``weight_scale``).
+    block_scale_name = "weight_scale_inv"
 
     def __init__(self, checkpoint_config: dict[str, Any] | None = None, **options: Any) -> None:
         super().__init__(checkpoint_config, **options)
@@ -176,9 +178,10 @@ class Fp8Method(QuantMethod):
         grid_nk = (-(-n // row_unit), -(-k // bk))
         grid = grid_nk if self.layout == "NK" else grid_nk[::-1]
         scale = nn.Parameter(torch.empty(grid, dtype=torch.float32), requires_grad=False)
-        scale.weight_loader = partial(self._load_nk, layer, name=f"{prefix}.weight_scale_inv",
+        scale.weight_loader = partial(self._load_nk, layer,
+                                      name=f"{prefix}.{self.block_scale_name}",
                                       kind="block_scale")
-        layer.register_parameter("weight_scale_inv", scale)
+        layer.register_parameter(self.block_scale_name, scale)
 
     # ------------------------------------------------------------------ load
 
@@ -250,7 +253,7 @@ class Fp8Method(QuantMethod):
             if self.activation_scheme == "static":
                 input_scale = layer.input_scale.data.float().max()
         else:
-            scale = layer.weight_scale_inv.data.float()
+            scale = getattr(layer, self.block_scale_name).data.float()
             scale_kn = scale.t() if self.layout == "NK" else scale
             block_kn = (self.block_nk[1], layer.fp8_row_unit)
         finalize_fp8_layer(

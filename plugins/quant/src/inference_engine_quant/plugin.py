@@ -27,6 +27,10 @@ def ie_register_quantization_methods() -> list[Spec]:
              "ModelOpt checkpoints: NVFP4, FP8, MXFP8, MIXED_PRECISION per layer"),
         Spec("awq", "inference_engine_quant.awq:AwqMethod",
              "AWQ checkpoints (GEMM layout, 4-bit, zero points): int weight-only GEMM"),
+        Spec("compressed-tensors",
+             "inference_engine_quant.compressed_tensors_method:CompressedTensorsMethod",
+             "compressed-tensors checkpoints: FP8 (tensor/channel/block), INT8 W8A8, "
+             "W4A16/W8A16 pack-quantized"),
         Spec("gptq", "inference_engine_quant.gptq:GptqMethod",
              "GPTQ checkpoints (4/8-bit, g_idx/desc_act, sym/asym): int weight-only GEMM"),
     ]
