@@ -153,3 +153,24 @@ def test_kernel_choice_follows_the_platform_list(spec, expected):
         platform = select_platform()
         assert choose_int_weight_only_kernel(platform) == expected
         assert ("torch._int_mm (int8 x int8)" in platform.int_gemm_kernels()) == (spec == "h100")
+
+
+def test_dequantize_at_load_gives_the_same_logits(tmp_path):
+    config, quantize = CASES["gptq4_asym_act_order"]
+    qdir, _ = _write(tmp_path, "qwen3", quantize, config)
+    packed = prefill_logits(load_for_test(str(qdir)), TOKENS)
+    loaded = load_for_test(str(qdir), dequantize_at_load=True)
+    layer = loaded.model.model.layers[0].mlp.down_proj
+    assert layer.int_kernel == "dense" and layer.weight.dtype == torch.float32
+    assert torch.allclose(prefill_logits(loaded, TOKENS), packed, atol=1e-5, rtol=1e-5)
+
+
+def test_kernel_names_for_env():
+    from inference_engine.builtin.platforms.cpu import CpuPlatform
+    from inference_engine_quant.awq import AwqMethod
+    from inference_engine_quant.compressed_tensors_method import CompressedTensorsMethod
+    from inference_engine_quant.gptq import GptqMethod
+
+    cpu = CpuPlatform()
+    assert "reference" in AwqMethod.kernel_for(cpu) == GptqMethod.kernel_for(cpu)
+    assert "torch._int_mm" in CompressedTensorsMethod.kernel_for(cpu)
