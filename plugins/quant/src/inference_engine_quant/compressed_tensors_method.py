@@ -115,7 +115,9 @@ class CompressedTensorsMethod(PerLayerFormatMethod):
                                  f"dynamic, symmetric, per token")
             return CtInt8Format(strategy, platform)
         if kind == "float" and bits == 8 and fmt in _FP8_FORMATS:
-            if acts is not None and (acts.get("type") != "float" or int(acts.get("num_bits", 0)) != 8):
+            fp8_acts = acts is None or (acts.get("type") == "float"
+                                        and int(acts.get("num_bits", 0)) == 8)
+            if not fp8_acts:
                 raise ValueError(f"compressed-tensors {label}: FP8 weights need FP8 or no "
                                  f"activation quantization")
             if strategy == "block":

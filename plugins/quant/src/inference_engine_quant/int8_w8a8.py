@@ -65,7 +65,7 @@ def quantize_activation_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.
 
 def finalize_int8_w8a8(layer: nn.Module, weight_nk: torch.Tensor, scale_n: torch.Tensor,
                        platform: Any, remove: tuple[str, ...]) -> None:
-    """Keep ``weight [K, N]`` int8 (column-major) and ``weight_scale [N]`` float32; pick the kernel."""
+    """Keep ``weight [K, N]`` int8 (column-major), ``weight_scale [N]`` float32; pick the kernel."""
     if weight_nk.dtype != torch.int8:
         raise ValueError(f"{getattr(layer, 'prefix', '?')}: INT8 W8A8 weights must be int8, "
                          f"got {weight_nk.dtype}")

@@ -1,4 +1,4 @@
-"""Runtime integer weight-only linear (W4A16 / W8A16): one form for AWQ, GPTQ and compressed-tensors.
+"""Runtime integer weight-only linear (W4A16 / W8A16): one form for AWQ, GPTQ, compressed-tensors.
 
 Each method loads its checkpoint's tensors, converts them (:mod:`int_packing`)
 and ends with :func:`finalize_int_weight_only`, which leaves on the layer the
@@ -165,7 +165,8 @@ def finalize_int_weight_only(
         compute_dtype: the model's compute dtype; scales are kept in it when 16-bit.
     """
     kernel = choose_int_weight_only_kernel(platform)
-    side_dtype = compute_dtype if compute_dtype in (torch.float16, torch.bfloat16) else torch.float32
+    sixteen_bit = compute_dtype in (torch.float16, torch.bfloat16)
+    side_dtype = compute_dtype if sixteen_bit else torch.float32
     if dequantize_at_load and kernel == "reference":
         from inference_engine_quant.kernels.int_weight_only_gemm import dequantize_int_weight
 
