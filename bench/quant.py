@@ -5,13 +5,16 @@ Qwen3, hidden 512, 8 layers, 8/4 heads, intermediate 1536, vocab 8192,
 bfloat16). Runs: bf16; ``mxfp4`` online with weights kept packed (tiled
 dequantize per matmul); ``mxfp4 --dequantize-at-load``; ``mxfp4`` written by
 ``inference-engine quantize`` and loaded from disk; ``nvfp4`` online (W4A16)
-packed and dequantized at load; ``mxfp8`` online. For each: bytes of the
+packed and dequantized at load; ``mxfp8`` online; checkpoints written from the
+same weights in AWQ (GEMM, group 128) and GPTQ (4-bit, group 128, sym) with the
+formulas of their reference code, and in compressed-tensors W4A16, W8A8 (INT8)
+and FP8_DYNAMIC by the compressed-tensors library. For each: bytes of the
 decoder linear weights (packed values + scales) vs bf16 and of the whole
 model, top-1 agreement and mean KL(bf16 || method) of next-token
 distributions over 2,000 positions (16 random-token sequences of 125), and
 generated tokens/s at batch 1 and batch 16 (64 new tokens each, 32-token prompts).
 
-Run:  OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/quant.py [--layers 8]
+Run:  OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/quant.py [--layers 8] [--runs awq,gptq]
 """
 
 from __future__ import annotations
@@ -43,6 +46,29 @@ def build_model(path: Path, layers: int) -> None:
     word_level_tokenizer(8192).save_pretrained(path)
 
 
+def write_int_checkpoints(base: Path, root: Path) -> dict[str, Path]:
+    """AWQ, GPTQ and compressed-tensors copies of the bf16 model (quant-format test writers)."""
+    from inference_engine_quant.ct_testing import write_ct_checkpoint
+    from inference_engine_quant.int_testing import awq_tensors, gptq_tensors
+    from inference_engine_quant.mx_testing import write_quantized_checkpoint
+
+    paths = {}
+    for name, quantize, config in [
+        ("awq", lambda m, w: awq_tensors(w, 128),
+         {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True,
+          "version": "gemm"}),
+        ("gptq", lambda m, w: gptq_tensors(w, 4, 128, True),
+         {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}),
+    ]:
+        write_quantized_checkpoint(base, root / name, root / f"{name}-dq", quantize,
+                                   quantization_config=config)
+        paths[name] = root / name
+    for preset in ("W4A16", "W8A8", "FP8_DYNAMIC"):
+        write_ct_checkpoint(base, root / preset, root / f"{preset}-dq", preset)
+        paths[preset] = root / preset
+    return paths
+
+
 def distribution_stats(ref: list[torch.Tensor], got: list[torch.Tensor]) -> tuple[float, float]:
     """(top-1 agreement, mean KL(ref || got)) over all positions."""
     agree = total = 0
@@ -69,6 +95,8 @@ def main() -> None:
     parser.add_argument("--sequences", type=int, default=16, help="125-token texts for KL/top-1")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--runs", default="", help="comma-separated substrings of run names "
+                        "to keep (bf16 always runs); default all")
     args = parser.parse_args()
     torch.set_flush_denormal(True)
     rng = torch.Generator().manual_seed(1)
@@ -89,6 +117,18 @@ def main() -> None:
             ("nvfp4 online W4A16, dequantize-at-load", base, "nvfp4", True),
             ("mxfp8 online, packed", base, "mxfp8", False),
         ]
+        ints = write_int_checkpoints(base, Path(tmp))
+        runs += [
+            ("AWQ checkpoint (int4 g128, zero points)", ints["awq"], None, False),
+            ("GPTQ checkpoint (int4 g128, sym)", ints["gptq"], None, False),
+            ("GPTQ checkpoint, dequantize-at-load", ints["gptq"], None, True),
+            ("compressed-tensors W4A16 (int4 g128)", ints["W4A16"], None, False),
+            ("compressed-tensors W8A8 (INT8, per-token)", ints["W8A8"], None, False),
+            ("compressed-tensors FP8_DYNAMIC", ints["FP8_DYNAMIC"], None, False),
+        ]
+        keep = [k for k in args.runs.split(",") if k]
+        if keep:
+            runs = [r for r in runs if r[0] == "bf16" or any(k in r[0] for k in keep)]
         ref_logits: list[torch.Tensor] = []
         rows = []
         for name, path, method, deq in runs:
