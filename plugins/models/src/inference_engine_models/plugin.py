@@ -25,4 +25,6 @@ def ie_register_models() -> list[Spec]:
              "gpt-oss (attention sinks, sliding-window layers, clamped SwiGLU experts)"),
         Spec("DeepseekV2ForCausalLM", f"{base}.deepseek_v2:DeepseekV2ForCausalLM",
              "DeepSeek-V2 (multi-head latent attention, softmax-routed MoE)"),
+        Spec("DeepseekV3ForCausalLM", f"{base}.deepseek_v3:DeepseekV3ForCausalLM",
+             "DeepSeek-V3 / R1 (MLA, sigmoid noaux_tc routing with correction bias)"),
     ]
