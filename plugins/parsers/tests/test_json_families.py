@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from inference_engine_parsers.testing import exact, factory, parse, result
 
 WEATHER = {"city": "Oslo", "days": 2}
@@ -162,3 +164,20 @@ def test_deepseek_v31_with_thinking_uses_the_r1_split():
         result("Checking.", [("get_time", {})], reasoning="Plan it.")
     # thinking off (deepseek_v3's default): no split at all
     assert parse("a</think>b", "deepseek_v31", "deepseek_v3") == result("a</think>b")
+
+
+def test_qwen3_string_encoded_arguments_are_decoded():
+    text = _qwen3_block("get_weather", '"{\\"city\\": \\"Oslo\\", \\"days\\": 2}"')
+    assert parse(text, "qwen3") == result(None, [("get_weather", WEATHER)])
+    # sent as canonical JSON, like object arguments
+    text = _qwen3_block("get_time", '" { \\"b\\" :[1,2] } "')
+    assert exact(factory("qwen3").parse(text))[2] == [("get_time", '{"b": [1, 2]}')]
+    # before the name, too
+    text = '<tool_call>{"arguments": "{\\"param\\": \\"max_connections\\"}", "name": "f"}'
+    assert parse(text, "qwen3") == result(None, [("f", {"param": "max_connections"})])
+
+
+@pytest.mark.parametrize("arguments", ['"not json"', '"[1, 2]"', '"{\\"a\\": 1"', '"3"', "3"])
+def test_qwen3_string_arguments_not_holding_an_object_are_content(arguments):
+    text = _qwen3_block("get_time", arguments)
+    assert parse(text, "qwen3") == result(text)

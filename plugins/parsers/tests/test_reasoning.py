@@ -17,8 +17,10 @@ def test_starts_inside_reasoning_and_drops_a_leading_think(reasoning):
     assert parse("  <think>\na\n</think>\n\nb", None, reasoning) == result("b", reasoning="a")
     # no </think>: the output was cut, everything is reasoning
     assert parse("<think>still thinking", None, reasoning) == result(reasoning="still thinking")
-    # only the first </think> ends reasoning
-    assert parse("a</think>b</think>c", None, reasoning) == result("b</think>c", reasoning="a")
+    # only the first </think> ends reasoning (MiniMax-M2 then drops later ones, tested below)
+    if reasoning != "minimax_m2":
+        assert parse("a</think>b</think>c", None, reasoning) == \
+            result("b</think>c", reasoning="a")
 
 
 @pytest.mark.parametrize("reasoning", ["qwen3", "glm45"])
@@ -38,6 +40,33 @@ def test_glm_and_deepseek_thinking_kwarg_is_read():
 def test_always_on_ignores_the_switch(reasoning):
     assert parse("a</think>b", None, reasoning, enable_thinking=False) == \
         result("b", reasoning="a")
+
+
+@pytest.mark.parametrize(("text", "content"), [
+    ("r</think>A</think>B", "AB"),
+    ("r</think>A</think></think>B</think>", "AB"),
+    ("r</think>A</thinkB</think", "A</thinkB</think"),   # partial markers are text
+    ("r</think>A</thi</think>nk>B", "A</think>B"),       # removal does not re-scan
+    ("r</think>A<think>B", "A<think>B"),                  # only the end marker goes
+])
+def test_minimax_removes_every_later_think_end_from_content(text, content):
+    assert parse(text, None, "minimax_m2") == result(content, reasoning="r")
+
+
+def test_minimax_removes_think_end_after_an_implicit_end_and_after_calls():
+    call = '<minimax:tool_call>\n<invoke name="get_time">\n</invoke>\n</minimax:tool_call>'
+    text = f"r\n{call}\n</think>\nA</think>B"
+    assert parse(text, "minimax_m2", "minimax_m2") == result(
+        "AB", [("get_time", {})], reasoning="r")
+    text = f"r</think>{call}</think>done"
+    assert parse(text, "minimax_m2", "minimax_m2") == result(
+        "done", [("get_time", {})], reasoning="r")
+
+
+def test_other_families_keep_a_later_think_end_in_content():
+    assert parse("r</think>A</think>B", None, "qwen3") == result("A</think>B", reasoning="r")
+    assert parse("r</think>A</think>B", None, "minimax_m2_append_think") == \
+        result("<think>r</think>A</think>B")
 
 
 def test_deepseek_v3_is_off_by_default():

@@ -17,6 +17,13 @@ from inference_engine_parsers.testing import TOOLS, exact, factory, stream
 B, E = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CB, CE, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
 
+# String-encoded arguments (decoded), before and after the name; they are sent in
+# one fragment once the string is complete, never character by character.
+QWEN3_STRING_ARGUMENTS = ('A <tool_call>\n{"name": "get_weather", "arguments": "{\\"city\\": '
+                          '\\"Oslo\\", \\"days\\": 2}"}\n</tool_call>\n<tool_call>'
+                          '{"arguments": "{\\"q\\": [1, \\"\\\\u00f8\\"]}", "name": "x"}'
+                          "</tool_call> end")
+
 # tool parser -> (reasoning parser, enable_thinking, text, every call complete and no "<"
 # outside markers)
 CORPUS: dict[str, list[tuple[str | None, bool | None, str, bool]]] = {
@@ -32,6 +39,9 @@ CORPUS: dict[str, list[tuple[str | None, bool | None, str, bool]]] = {
         (None, None, '<tool_call>{"name": "f", "arguments": {"a": 1,}}</tool_call> then '
                      '<tool_call>{"name": "g"}', False),
         ("qwen3", False, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Os', False),
+        (None, None, QWEN3_STRING_ARGUMENTS, True),
+        (None, None, '<tool_call>{"name": "f", "arguments": "nope"}</tool_call> <tool_call>'
+                     '{"name": "g", "arguments": "{\\"a\\": 1}"', False),
     ],
     "qwen3_coder": [
         ("qwen3", None, "Plan.</think>Text.\n<tool_call>\n<function=get_weather>\n"
@@ -75,6 +85,21 @@ CORPUS: dict[str, list[tuple[str | None, bool | None, str, bool]]] = {
                                           "</invoke></minimax:tool_call>", False),
         (None, None, '<minimax:tool_call>\n<invoke name="a">\n</invoke>\n<invoke name="b">\n'
                      '<parameter name="q">1', False),
+        # other attributes on <invoke> and <parameter> are ignored
+        ("minimax_m2", None, 'r</think><minimax:tool_call>\n<invoke name="get_weather" '
+                             'description="Look up">\n<parameter name="city" type="string">Oslo'
+                             "</parameter>\n<parameter type='integer' name=days >2</parameter>\n"
+                             "</invoke>\n</minimax:tool_call>", True),
+        # none/nil stay text where a string is allowed, null is null everywhere
+        (None, None, '<minimax:tool_call><invoke name="typed"><parameter name="s">none'
+                     '</parameter><parameter name="es">None</parameter><parameter name="i">nil'
+                     '</parameter><parameter name="ns">NULL</parameter><parameter name="zz">'
+                     " nil </parameter><parameter name=\"u\">none</parameter></invoke>"
+                     "</minimax:tool_call>", True),
+        # every later </think> is removed from content
+        ("minimax_m2", None, "r</think>A</think>B</think></think>C<minimax:tool_call><invoke "
+                             'name="get_time"></invoke></minimax:tool_call></think>D', True),
+        ("minimax_m2", None, "r</think>A</thi</think>nk>B<think></think</think>", False),
     ],
     "nemotron_v2": [
         ("deepseek_r1", None, 'R</think><TOOLCALL>[{"name": "get_weather", "arguments": '
@@ -133,7 +158,7 @@ def test_incremental_mode_any_chunking_equals_one_shot(tool, reasoning, thinking
 
 
 @pytest.mark.parametrize(("tool", "reasoning", "thinking", "text", "is_clean"),
-                         [c for c in CASES if c[4]][:4])
+                         [c for c in CASES if c[4] and c[3] != QWEN3_STRING_ARGUMENTS][:4])
 def test_one_character_deltas_stream_arguments_in_pieces(tool, reasoning, thinking, text,
                                                          is_clean):
     _, deltas = stream(text, tool, reasoning, cuts=range(len(text)), enable_thinking=thinking)
@@ -147,14 +172,16 @@ _COMMON = ["<think>", "</think>", " ", "\n", "<", ">", "a", "ø", '"', "{", "}",
            "get_weather", "typed", "null", "2", "true"]
 PIECES: dict[str, list[str]] = {
     "qwen3": ["<tool_call>", "</tool_call>", "<tool_", '{"name": "get_time", "arguments": {}}',
-              '{"name": ', '"arguments": ', '{"city": "Oslo"}', ", ", ":", "[", "]", "\\"],
+              '{"name": ', '"arguments": ', '{"city": "Oslo"}', ", ", ":", "[", "]", "\\",
+              '"{\\"city\\": \\"Oslo\\"}"', '\\"'],
     "qwen3_coder": ["<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=",
                     "</parameter>", "city>", "days>", "s>", "ns>", "o>", "<func"],
     "glm47": ["<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>",
               "</arg_value>", "city", "s", "i", "<arg_"],
     "minimax_m2": ["<minimax:tool_call>", "</minimax:tool_call>", "<invoke", "</invoke>",
                    "<parameter", "</parameter>", ' name="get_weather">', " name=city>",
-                   " name='s'>", "name=", "<invo"],
+                   " name='s'>", "name=", "<invo", ' type="string"', " description='d'",
+                   "none", "nil", "</thi", "nk>"],
     "nemotron_v2": ["<TOOLCALL>", "</TOOLCALL>", "[", "]", ", ",
                     '{"name": "get_time", "arguments": {}}', '"arguments": "{}"', "<TOOL"],
     "deepseek_v31": [B, E, CB, CE, SEP, '{"city": "Oslo"}', "<｜tool▁", "｜"],

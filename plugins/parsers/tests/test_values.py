@@ -75,9 +75,8 @@ def test_glm_types(param, value, expected):
 
 @pytest.mark.parametrize(("param", "value", "expected"), [
     ("s", " Oslo ", "Oslo"),        # stripped
-    ("s", "null", None),            # null/none/nil is null for every type, strings included
-    ("s", "NIL", None),
-    ("s", " None\n", None),
+    ("s", "null", None),            # null (any case) is null for every type, strings included
+    ("s", " NULL\n", None),
     ("s", "nullable", "nullable"),
     ("i", "12", 12),
     ("i", "1.5", 1.5),              # no integer: nothing fits, JSON
@@ -98,6 +97,30 @@ def test_glm_types(param, value, expected):
     ("zz", "12", "12"),             # not in the schema: string
 ])
 def test_minimax_types(param, value, expected):
+    assert _minimax(param, value) == expected
+
+
+@pytest.mark.parametrize(("param", "value", "expected"), [
+    # none/nil stay text where the schema allows a string (vLLM PR #39599)...
+    ("s", "none", "none"),
+    ("s", " NIL ", "NIL"),
+    ("es", "none", "none"),         # a valid enum value
+    ("e", "nil", "nil"),            # enum ["x", 1]: a string is allowed
+    ("ns", "None", "None"),         # anyOf [string, null]
+    ("u", "none", "none"),          # oneOf [integer, string]
+    ("zz", "none", "none"),         # not in the schema: string
+    ("zz", "Null", None),           # ...null is null everywhere
+    ("es", "null", None),
+    ("u", "null", None),
+    # ...and are null where no string is allowed
+    ("i", "none", None),
+    ("n", "nil", None),
+    ("b", "None", None),
+    ("o", "nil", None),
+    ("a", "none", None),
+    ("ni", "NIL", None),
+])
+def test_minimax_none_and_nil_are_text_when_a_string_is_allowed(param, value, expected):
     assert _minimax(param, value) == expected
 
 

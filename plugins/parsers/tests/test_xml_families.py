@@ -156,3 +156,33 @@ def test_minimax_unknown_tool_and_values_with_markup():
     text = ('<minimax:tool_call><invoke name="nope"><parameter name="days"> 2 </parameter>'
             '<parameter name="html"><b>x</b></parameter></invoke></minimax:tool_call>')
     assert parse(text, "minimax_m2") == result(None, [("nope", {"days": "2", "html": "<b>x</b>"})])
+
+
+@pytest.mark.parametrize("invoke", [
+    '<invoke name="get_weather" description="Look up the weather.">',
+    '<invoke description="Look up the weather." name="get_weather">',
+    "<invoke name='get_weather' id=7 >",
+    '<invoke  name = "get_weather"\n  kind="tool">',
+])
+@pytest.mark.parametrize("parameter", [
+    '<parameter name="city" type="string">',
+    '<parameter type="string" name="city">',
+    "<parameter name=city type='str'>",
+])
+def test_minimax_other_attributes_are_ignored(invoke, parameter):
+    text = (f"Go.\n<minimax:tool_call>\n{invoke}\n{parameter}Oslo</parameter>\n"
+            '<parameter name="days" description="how many">2</parameter>\n</invoke>\n'
+            "</minimax:tool_call>")
+    assert parse(text, "minimax_m2") == result("Go.", [("get_weather", WEATHER)])
+
+
+@pytest.mark.parametrize("invoke", [
+    '<invoke description="no name">',             # no name attribute
+    '<invoke name="">',                            # empty name
+    '<invoke name="get_time" description="open>',  # a quote left open
+    '<invoke name="get_time" hidden>',             # an attribute without a value
+    '<invoke name="get_time"description="x">',     # no space between attributes
+])
+def test_minimax_malformed_invoke_tag_is_content(invoke):
+    text = f"<minimax:tool_call>\n{invoke}\n</invoke>\n</minimax:tool_call>"
+    assert parse(text, "minimax_m2") == result(text)

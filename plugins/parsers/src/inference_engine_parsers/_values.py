@@ -253,7 +253,11 @@ def glm_value(out: Callable[[str], None], schema: dict[str, Any] | None) -> Any:
 # minimax_m2
 # --------------------------------------------------------------------------- #
 
-_MINIMAX_NULLS = ("null", "none", "nil")
+# "null" is null for every type; "none"/"nil" only where no string is allowed, since
+# they can be real values ("none" in an enum of strings); vLLM PR #39599.
+_MINIMAX_NULLS = ("null",)
+_MINIMAX_NULL_WORDS = ("null", "none", "nil")
+_MINIMAX_STRING_TYPES = {"string", "str", "text", "enum"}
 _ENUM_TYPES = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
                (list, "array"), (dict, "object"))
 
@@ -282,7 +286,8 @@ def _minimax_types(schema: Any) -> set[str]:
 
 def _minimax_convert(raw: str, types: set[str]) -> Any:
     value = raw.strip()
-    if value.lower() in _MINIMAX_NULLS:
+    nulls = _MINIMAX_NULLS if types & _MINIMAX_STRING_TYPES else _MINIMAX_NULL_WORDS
+    if value.lower() in nulls:
         return None
     if types & {"integer", "int"}:
         try:
@@ -310,7 +315,7 @@ def _minimax_convert(raw: str, types: set[str]) -> Any:
                     return parsed
             except (ValueError, RecursionError):
                 pass
-    if types & {"string", "str", "text"}:
+    if types & _MINIMAX_STRING_TYPES:
         return value
     try:
         parsed = json.loads(value)
@@ -324,6 +329,6 @@ def _minimax_convert(raw: str, types: set[str]) -> Any:
 def minimax_value(out: Callable[[str], None], schema: dict[str, Any] | None) -> Any:
     """The value plan of a MiniMax parameter: stripped, null words, types in priority order."""
     types = _minimax_types(schema) if schema is not None else set()
-    if not types or types <= {"string", "str", "text"}:
+    if not types or types <= _MINIMAX_STRING_TYPES:
         return StringValue(out, "all", _MINIMAX_NULLS)
     return HeldValue(out, lambda raw: _minimax_convert(raw, types))

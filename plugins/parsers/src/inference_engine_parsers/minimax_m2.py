@@ -35,32 +35,54 @@ __all__ = ["MiniMaxM2ToolParser"]
 
 _QUOTED_STOP = {'"': re.compile(r'["<>\n]'), "'": re.compile(r"['<>\n]")}
 _BARE_STOP = re.compile(r"""[\s<>"']""")
+_KEY_STOP = re.compile(r"""[\s=<>"'/]""")
 _VALUE_END = MarkerSet(["</parameter>"])
 
 
-def _name_attribute(r: Reader) -> Step:
-    """`` name="X">`` after ``<invoke``/``<parameter``; the name, or None if malformed."""
-    c = yield from peek(r)
-    if c is None or not c.isspace():
-        return None
-    yield from skip_ws(r)
-    if not (yield from match(r, "name=")):
-        return None
+def _attribute_value(r: Reader) -> Step:
+    """A double-quoted, single-quoted or bare value; None if a quote is left open."""
     quote = yield from peek(r)
     if quote in _QUOTED_STOP:
         r.i += 1
-        name = yield from read_until_char(r, _QUOTED_STOP[quote])
+        value = yield from read_until_char(r, _QUOTED_STOP[quote])
         if (yield from peek(r)) != quote:
             return None
         r.i += 1
-        name = name.strip()
-    else:
-        name = yield from read_until_char(r, _BARE_STOP)
-    yield from skip_ws(r)
-    if not name or (yield from peek(r)) != ">":
-        return None
-    r.i += 1
-    return name
+        return value.strip()
+    return (yield from read_until_char(r, _BARE_STOP))
+
+
+def _name_attribute(r: Reader) -> Step:
+    """The attributes after ``<invoke``/``<parameter`` up to ``>``: the ``name``, or None.
+
+    Other attributes (``description="…"``, ``type="string"``) are read and
+    ignored, so they never turn a call into content (vLLM issue #32827).
+    """
+    name: str | None = None
+    while True:
+        c = yield from peek(r)
+        if c == ">" and name is not None:
+            r.i += 1
+            return name
+        if c is None or not c.isspace():
+            return None
+        yield from skip_ws(r)
+        if (yield from peek(r)) == ">":
+            continue
+        key = yield from read_until_char(r, _KEY_STOP)
+        if not key:
+            return None
+        yield from skip_ws(r)
+        if not (yield from match(r, "=")):
+            return None  # an attribute without a value
+        yield from skip_ws(r)
+        value = yield from _attribute_value(r)
+        if value is None:
+            return None
+        if key == "name" and name is None:
+            if not value:
+                return None
+            name = value
 
 
 class MiniMaxM2ToolParser(StreamingToolParser):

@@ -6,7 +6,9 @@
 
 The block ends where the JSON object ends (a ``<tool_call>`` inside a JSON
 string is data); the closing tag is optional. A body that does not start with
-``{`` is not a call. Arguments pass through without schema coercion.
+``{`` is not a call. Arguments pass through without schema coercion; given
+as a JSON string that holds an object, they are decoded to that object, as
+vLLM's hermes parser does.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class Qwen3ToolParser(StreamingToolParser):
         yield from skip_ws(r)
         if (yield from peek(r)) != "{":
             return None
-        if not (yield from json_call_object(self, r)):
+        if not (yield from json_call_object(self, r, allow_string_arguments=True)):
             return None
         self.commit()
         if (yield from match_after_ws(r, "</tool_call>")):

@@ -4,12 +4,15 @@ All share :class:`~inference_engine.parsing.ThinkReasoningParser`: with
 thinking on, output starts inside reasoning, a leading ``<think>`` is dropped,
 the first ``</think>`` ends reasoning, and the paired tool parser's call opener
 ends it implicitly (the call is then parsed as a call, and the next stray
-``</think>`` is dropped). Families differ in the thinking default.
+``</think>`` is dropped). Families differ in the thinking default; MiniMax-M2
+also drops every later ``</think>`` from content.
 """
 
 from __future__ import annotations
 
-from inference_engine.parsing import Reader, Step, ThinkReasoningParser, copy_all
+from typing import Any
+
+from inference_engine.parsing import MarkerSet, Reader, Step, ThinkReasoningParser, copy_all
 
 __all__ = [
     "DeepSeekR1ReasoningParser",
@@ -30,10 +33,47 @@ class Glm45ReasoningParser(ThinkReasoningParser):
     """GLM-4.5/4.6/4.7, GLM-5; thinking on by default (``thinking`` or ``enable_thinking``)."""
 
 
+_THINK_END = MarkerSet(["</think>"])
+
+
 class MiniMaxM2ReasoningParser(ThinkReasoningParser):
-    """MiniMax-M2 (writes only ``</think>``) and M2.5 (writes both); always thinking."""
+    """MiniMax-M2 (writes only ``</think>``) and M2.5 (writes both); always thinking.
+
+    Every ``</think>`` after the one that ends reasoning is removed from
+    content (``r</think>A</think>B`` gives content ``AB``), as vLLM's MiniMax-M2
+    parser does. The filter scans left to right like a whole-text scan and
+    holds a tail that could still become ``</think>``, so chunking does not
+    change the result.
+    """
 
     is_always_thinking = True
+
+    def __init__(self, tokenizer: Any = None, enable_thinking: bool | None = None) -> None:
+        super().__init__(tokenizer, enable_thinking)
+        # Content tail that could be the start of a "</think>" (after the last one removed).
+        self._partial_end = ""
+
+    def emit_content(self, text: str) -> None:
+        """Send content with every ``</think>`` removed."""
+        buf = self._partial_end + text
+        start = 0
+        while (hit := _THINK_END.search(buf, start)) is not None:
+            pos, marker = hit
+            if pos > start:
+                super().emit_content(buf[start:pos])
+            start = pos + len(marker)
+        end = len(buf) - _THINK_END.held(buf, start)
+        if end > start:
+            super().emit_content(buf[start:end])
+        self._partial_end = buf[end:]
+
+    def grammar(self, r: Reader) -> Step:
+        """The base split; at end of stream a held partial ``</think>`` is plain content."""
+        yield from super().grammar(r)
+        held, self._partial_end = self._partial_end, ""
+        if held:
+            super().emit_content(held)
+        return None
 
 
 class MiniMaxM2AppendThinkReasoningParser(ThinkReasoningParser):

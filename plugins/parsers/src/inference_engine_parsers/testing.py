@@ -33,6 +33,7 @@ TOOLS = [
             "ni": {"anyOf": [{"type": "null"}, {"type": "integer"}]},
             "u": {"oneOf": [{"type": "integer"}, {"type": "string"}]},
             "e": {"enum": ["x", 1]},
+            "es": {"enum": ["none", "yes", "no"]},
         }}}},
     {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}},
 ]
