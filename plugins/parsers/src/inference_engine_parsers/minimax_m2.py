@@ -6,7 +6,8 @@
     </invoke>
     </minimax:tool_call>
 
-Names may be double-quoted, single-quoted or bare. Each invoke is one call
+Names may be double-quoted, single-quoted or bare; other attributes on
+``<invoke>`` and ``<parameter>`` are ignored. Each invoke is one call
 and counts once ``</invoke>`` is seen, so an unclosed wrapper whose invokes are
 complete still yields them. Values are typed as ``_values.minimax_value`` says.
 """
