@@ -51,6 +51,9 @@ CORPUS: dict[str, list[tuple[str | None, bool | None, str, bool]]] = {
                         "<parameter=b>\nTRUE\n</function>\nend", True),
         ("qwen3", None, "R\n<tool_call>\n<function=get_time>\n</function>\n</tool_call></think>ok",
          True),
+        # a stray </tool_call> after an unwrapped function is dropped
+        (None, None, "Go.\n\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n"
+                     "</function>\n</tool_call>\n<function=get_time>\n</function>\nok", True),
         (None, None, "a<b <tool_call>\n<function=get weather>\n</function>\n</tool_call> "
                      "<function=typed>\n<parameter=s>\nv <x> 1", False),
     ],

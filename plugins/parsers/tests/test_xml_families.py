@@ -36,6 +36,17 @@ def test_coder_function_without_wrapper_and_two_functions_in_one_wrapper():
                                                      ("get_weather", {"city": "Oslo"})])
 
 
+def test_coder_stray_closing_tag_after_an_unwrapped_function_is_dropped():
+    # Qwen3-Coder sometimes leaves out the opening <tool_call> but still closes it
+    text = ("I'll check.\n\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n"
+            "</function>\n</tool_call>\nDone.")
+    assert parse(text, "qwen3_coder") == result(
+        "I'll check.\n\n\nDone.", [("get_weather", {"city": "Oslo"})])
+    # only right after the function: elsewhere it stays content
+    text = "<function=get_time>\n</function>\nok </tool_call>"
+    assert parse(text, "qwen3_coder") == result("ok </tool_call>", [("get_time", {})])
+
+
 def test_coder_missing_parameter_close_ends_at_next_parameter_or_function_end():
     text = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n"
             "<parameter=days>\n2\n</function>\n</tool_call>")

@@ -13,8 +13,9 @@
 - A value ends at ``</parameter>``, or (closing tag missing) at the next
   ``<parameter=`` or ``</function>``; inside it ``<``, ``&&`` and blank lines
   are data. One leading and one trailing newline are removed.
-- ``<function=…>…</function>`` without the wrapper is a call too; a wrapper
-  may hold several functions.
+- ``<function=…>…</function>`` without the wrapper is a call too (a stray
+  ``</tool_call>`` right after it is dropped, as vLLM does); a wrapper may
+  hold several functions.
 - A call counts once ``</function>`` is seen. Values are typed from the
   tool's schema (``_values.coder_value``).
 """
@@ -32,6 +33,7 @@ from inference_engine.parsing import (
     StreamingToolParser,
     match,
     match_any,
+    match_after_ws,
     match_any_after_ws,
     peek,
     read_until_char,
@@ -64,6 +66,10 @@ class Qwen3CoderToolParser(StreamingToolParser):
                 return None
             self.commit()
             if not is_wrapped:
+                # A model that left out the opening <tool_call> may still close
+                # it; that stray closing tag is markup of the call, not content.
+                if (yield from match_after_ws(r, "</tool_call>")):
+                    self.commit()
                 return None
             tag = yield from match_any_after_ws(r, ("</tool_call>", "<function="))
             if tag != "<function=":
