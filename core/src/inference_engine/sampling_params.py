@@ -8,7 +8,9 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["GREEDY_EPS", "SamplingParams"]
+from inference_engine.structured_output.params import StructuredOutputsParams
+
+__all__ = ["GREEDY_EPS", "SamplingParams", "StructuredOutputsParams"]
 
 # Temperatures below this mean greedy (argmax), as in vLLM.
 GREEDY_EPS = 1e-5
@@ -18,9 +20,10 @@ GREEDY_EPS = 1e-5
 class SamplingParams:
     """How to pick tokens and when to stop.
 
-    Logits are processed in this order (vLLM's and transformers' order):
-    repetition/presence/frequency penalties, temperature, top-k, top-p, min-p,
-    then a draw. Reported ``logprobs`` are the model's raw distribution
+    Logits are processed in this order (vLLM's and transformers' order): the masks
+    (structured-output grammar, ``allowed_token_ids``, ``bad_words``, min_tokens),
+    ``logit_bias``, repetition/presence/frequency penalties, temperature, top-k, top-p,
+    min-p, then a draw. Reported ``logprobs`` are the model's raw distribution
     (log-softmax before any of that processing), as vLLM reports by default.
 
     ``n > 1`` is served by forking ``n`` sequences; sample ``i`` of a seeded
@@ -58,16 +61,32 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     # Keep generating past EOS (stop_token_ids still stop).
     ignore_eos: bool = False
-    # Top-N raw logprobs per generated token (the sampled token is always included).
+    # Top-N raw logprobs per generated token (the sampled token is always included);
+    # -1 = the whole vocabulary.
     logprobs: int | None = None
-    # Top-N raw logprobs per prompt token (the prompt token is always included).
+    # Top-N raw logprobs per prompt token (the prompt token is always included); -1 = all.
     prompt_logprobs: int | None = None
     # Leave special tokens out of the output text.
     skip_special_tokens: bool = True
+    # Only False is refused: fast tokenizers always join special tokens without spaces.
+    spaces_between_special_tokens: bool = True
+    # Constrain the output to a JSON schema, any JSON, a regex, a choice or an EBNF grammar.
+    structured_outputs: StructuredOutputsParams | None = None
+    # {token id: bias} added to the logits (OpenAI's range: -100 bans, 100 forces).
+    logit_bias: dict[int, float] | None = None
+    # Only these token ids may be sampled.
+    allowed_token_ids: list[int] | None = None
+    # Words never generated: a word's last token is banned where the output ends with
+    # the rest of it (vLLM's rule); tokenized by :meth:`update_from_tokenizer`.
+    bad_words: list[str] | None = None
+    # Keep only the last k prompt tokens (-1: as many as the context allows).
+    truncate_prompt_tokens: int | None = None
     # Keep the matched stop string at the end of the output text.
     include_stop_str_in_output: bool = False
     # Free-form extras for plugins; the core never reads them.
     extra_args: dict[str, Any] = field(default_factory=dict)
+    # bad_words as token-id sequences (both with and without a leading space).
+    bad_words_token_ids: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -89,7 +108,8 @@ class SamplingParams:
         for name in ("n", "top_k", "min_tokens"):
             if not _is_int(getattr(self, name)):
                 raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}")
-        for name in ("max_tokens", "seed", "logprobs", "prompt_logprobs"):
+        for name in ("max_tokens", "seed", "logprobs", "prompt_logprobs",
+                     "truncate_prompt_tokens"):
             value = getattr(self, name)
             if value is not None and not _is_int(value):
                 raise ValueError(f"{name} must be an integer or None, got {value!r}")
@@ -115,14 +135,76 @@ class SamplingParams:
             (self.min_tokens >= 0, f"min_tokens must be non-negative, got {self.min_tokens}"),
             (self.max_tokens is None or self.min_tokens <= self.max_tokens,
              f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"),
-            (self.logprobs is None or self.logprobs >= 0,
-             f"logprobs must be non-negative, got {self.logprobs}"),
-            (self.prompt_logprobs is None or self.prompt_logprobs >= 0,
-             f"prompt_logprobs must be non-negative, got {self.prompt_logprobs}"),
+            (self.logprobs is None or self.logprobs >= -1,
+             f"logprobs must be non-negative or -1 (all), got {self.logprobs}"),
+            (self.prompt_logprobs is None or self.prompt_logprobs >= -1,
+             f"prompt_logprobs must be non-negative or -1 (all), got {self.prompt_logprobs}"),
+            (self.truncate_prompt_tokens is None or self.truncate_prompt_tokens >= 1
+             or self.truncate_prompt_tokens == -1,
+             f"truncate_prompt_tokens must be at least 1 or -1, got "
+             f"{self.truncate_prompt_tokens}"),
+            (self.spaces_between_special_tokens is True,
+             "spaces_between_special_tokens=False is not supported (fast tokenizers join "
+             "special tokens without spaces)"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        self._check_token_fields()
+
+    def _check_token_fields(self) -> None:
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+        if self.structured_outputs is not None and not isinstance(
+                self.structured_outputs, StructuredOutputsParams):
+            raise ValueError("structured_outputs must be a StructuredOutputsParams, got "
+                             f"{type(self.structured_outputs).__name__}")
+        if self.logit_bias is not None:
+            bias = {}
+            for token, value in dict(self.logit_bias).items():
+                key = int(token) if isinstance(token, str) and token.lstrip("-").isdigit() \
+                    else token
+                if not _is_int(key) or key < 0:
+                    raise ValueError(f"logit_bias keys must be token ids, got {token!r}")
+                if not _is_real(value) or not -100 <= value <= 100:
+                    raise ValueError(f"logit_bias values must be in [-100, 100], got "
+                                     f"{value!r} for token {token}")
+                bias[int(key)] = float(value)
+            self.logit_bias = bias or None
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = list(self.allowed_token_ids)
+            if not self.allowed_token_ids or any(
+                    not _is_int(t) or t < 0 for t in self.allowed_token_ids):
+                raise ValueError("allowed_token_ids must be a non-empty list of token ids, got "
+                                 f"{self.allowed_token_ids!r}")
+        if self.bad_words is not None:
+            self.bad_words = list(self.bad_words)
+            if any(not isinstance(w, str) or not w.strip() for w in self.bad_words):
+                raise ValueError(f"bad_words must hold non-empty strings, got {self.bad_words!r}")
+
+    def update_from_tokenizer(self, tokenizer: Any, vocab_size: int) -> None:
+        """Check token ids against the vocabulary and tokenize ``bad_words`` (vLLM's rule:
+        each word as written and with one leading space).
+
+        Raises:
+            ValueError: a token id of ``logit_bias``/``allowed_token_ids`` outside the
+                vocabulary (names the field).
+        """
+        for name, ids in (("logit_bias", self.logit_bias or ()),
+                          ("allowed_token_ids", self.allowed_token_ids or ())):
+            bad = [t for t in ids if t >= vocab_size]
+            if bad:
+                raise ValueError(f"{name} has token ids outside the vocabulary "
+                                 f"[0, {vocab_size}): {bad[:8]}")
+        if not self.bad_words or self.bad_words_token_ids is not None:
+            return
+        sequences: list[list[int]] = []
+        for word in self.bad_words:
+            for prefix in ("", " "):
+                ids = list(tokenizer.encode(prefix + word.lstrip(), add_special_tokens=False))
+                if ids and ids not in sequences:
+                    sequences.append(ids)
+        self.bad_words_token_ids = sequences
 
     @property
     def is_greedy(self) -> bool:

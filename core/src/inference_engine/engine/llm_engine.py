@@ -15,7 +15,7 @@ from inference_engine.engine.kv_cache import BlockManager, KVCachePool, log_capa
 from inference_engine.engine.loader import load_model
 from inference_engine.engine.model_runner import ModelRunner, StepBatch
 from inference_engine.engine.output_state import RequestGroup, SequenceState
-from inference_engine.engine.request import FinishReason, Request
+from inference_engine.engine.request import FinishReason, Request, RequestStatus
 from inference_engine.engine.scheduler import Scheduler, SchedulerOutput
 from inference_engine.interfaces.platform import MemoryProfiler
 from inference_engine.outputs import CompletionOutput, RequestOutput
@@ -94,6 +94,11 @@ class LLMEngine:
         from inference_engine.sampling.sampler import Sampler
 
         self.sampler = Sampler(seed=config.model.seed, tokenizer=self.tokenizer)
+        from inference_engine.structured_output import StructuredOutputManager
+
+        # Grammar matchers of structured-output sequences (xgrammar loads on first use).
+        self.structured = StructuredOutputManager(
+            self.tokenizer, self.model.ctx.hf_config.vocab_size, self.eos_token_ids)
         self._groups: dict[str, RequestGroup] = {}
         # Child request id -> its output state.
         self._sequences: dict[str, SequenceState] = {}
@@ -202,6 +207,7 @@ class LLMEngine:
         bad = [t for t in token_ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token ids outside the vocabulary [0, {vocab}): {bad[:8]}")
+        params.update_from_tokenizer(self.tokenizer, vocab)
         stop_ids = frozenset(params.stop_token_ids or ())
         eos = stop_ids if params.ignore_eos else self.eos_token_ids | stop_ids
         group = RequestGroup(request_id, text, token_ids, final_only=final_only)
@@ -220,7 +226,12 @@ class LLMEngine:
         self._groups[request_id] = group
         for state in group.children:
             self._sequences[state.request.request_id] = state
-            self.scheduler.add(state.request)
+            if params.structured_outputs is not None:
+                # Scheduled once its grammar is compiled (off this thread): see step().
+                self.structured.add(state.request.request_id, params.structured_outputs,
+                                    state.request)
+            else:
+                self.scheduler.add(state.request)
         return request_id
 
     def _detokenizer(self, prompt_token_ids: list[int], params: SamplingParams) -> Any:
@@ -239,7 +250,10 @@ class LLMEngine:
             if group is None:
                 continue
             for child in group.children:
-                self.scheduler.abort(child.request.request_id)
+                if self.structured.is_waiting(child.request.request_id):
+                    self.structured.remove(child.request.request_id)
+                else:
+                    self.scheduler.abort(child.request.request_id)
             outputs.append(self._group_output(group))
             self._forget(group)
         return outputs
@@ -250,6 +264,7 @@ class LLMEngine:
         self._groups.pop(group.request_id, None)
         for child in group.children:
             self._sequences.pop(child.request.request_id, None)
+            self.structured.remove(child.request.request_id)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._groups) or bool(self._pending_outputs) or self._in_flight is not None
@@ -281,8 +296,9 @@ class LLMEngine:
         host's bookkeeping overlaps the device's work.
         """
         outputs, self._pending_outputs = self._pending_outputs, []
-        out = self.scheduler.schedule()
         touched: dict[str, RequestGroup] = {}
+        self._admit_compiled(touched)
+        out = self.scheduler.schedule()
         for request, error in out.failed:  # ended by the scheduler itself
             state = self._sequences[request.request_id]
             state.error = error
@@ -308,17 +324,36 @@ class LLMEngine:
             outputs.append(output)
             if output.finished:
                 self._forget(group)
+        if (out.is_empty and launched is None and previous is None
+                and self.structured.num_waiting):
+            self.structured.wait(timeout=0.05)  # nothing to run but grammars compiling
         return outputs
+
+    def _admit_compiled(self, touched: dict[str, RequestGroup]) -> None:
+        """Schedule the sequences whose grammar is compiled; fail those it could not."""
+        if not self.structured.num_waiting:
+            return
+        ready, failed = self.structured.take_ready()
+        for request in ready:
+            self.scheduler.add(request)
+        for request, error in failed:
+            state = self._sequences[request.request_id]
+            state.error = error
+            request.status = RequestStatus.FINISHED
+            request.finish_reason = FinishReason.ABORT
+            touched[state.group.request_id] = state.group
 
     @staticmethod
     def _needs_host_tokens(out: SchedulerOutput) -> bool:
         """Whether some request of ``out`` reads its earlier tokens or logprobs on the host
-        (penalties, logprobs, prompt logprobs), so the step cannot run ahead of them."""
+        (penalties, logprobs, prompt logprobs, a grammar, bad words), so the step cannot
+        run ahead of them."""
         for s in out.scheduled:
             p = s.request.params
             if (p.logprobs is not None or p.prompt_logprobs is not None
                     or p.repetition_penalty != 1.0 or p.presence_penalty != 0.0
-                    or p.frequency_penalty != 0.0):
+                    or p.frequency_penalty != 0.0 or p.structured_outputs is not None
+                    or p.bad_words_token_ids):
                 return True
         return False
 
@@ -357,6 +392,7 @@ class LLMEngine:
             device=logits.sample_logits.device,
             prompt_token_ids=[r.prompt_token_ids for r in requests],
             eos_token_ids=[r.eos_token_ids for r in requests],
+            token_bitmask=self.structured.fill_bitmask([r.request_id for r in requests]),
         )
         result = self.sampler(logits.sample_logits, sample_batch)
         host = torch.empty(len(sampling), dtype=torch.int64,
@@ -384,6 +420,7 @@ class LLMEngine:
                 continue
             token = token_ids[row]
             request.append_token(token)
+            self.structured.accept(request.request_id, token)
             if state.logprobs is not None and step.logprobs is not None:
                 state.logprobs.append(step.logprobs[row])
             self.num_generated_tokens += 1
@@ -453,9 +490,7 @@ class LLMEngine:
             if text is None:
                 text = detok.text
                 if not request.is_finished and request.params.stop:
-                    from inference_engine.detokenizer import stop_holdback
-
-                    text = text[: len(text) - stop_holdback(text, request.params.stop)]
+                    text = text[: len(text) - child.stop_holdback(text)]
             completions.append(
                 CompletionOutput(
                     index=child.index,

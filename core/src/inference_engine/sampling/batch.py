@@ -69,8 +69,16 @@ class SamplingBatch:
     presence_penalty: torch.Tensor | None = None
     frequency_penalty: torch.Tensor | None = None
     output_counts: torch.Tensor | None = None
-    # (rows [N], token ids [N]) int64 set to -inf: stop ids of rows still under min_tokens.
+    # (rows [N], token ids [N]) int64 set to -inf: stop ids of rows still under min_tokens
+    # and the banned last tokens of bad_words.
     blocked: tuple[torch.Tensor, torch.Tensor] | None = None
+    # [B, ceil(V / 32)] int32 packed allowed-token bits of the grammar rows (bit set =
+    # allowed; xgrammar's layout); every bit set on rows without a grammar.
+    token_bitmask: torch.Tensor | None = None
+    # [B, V] bool, True where a row with allowed_token_ids may not sample.
+    disallowed: torch.Tensor | None = None
+    # (rows [N], token ids [N], bias [N]) added to the logits (logit_bias).
+    logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     # (row, generator seed) of each seeded random row; see derive_seed.
     seeded_rows: tuple[tuple[int, int], ...] = ()
     # True when some random row has no seed and draws from the shared generator.
@@ -82,6 +90,12 @@ class SamplingBatch:
     def has_penalties(self) -> bool:
         return self.seen_mask is not None or self.output_counts is not None
 
+    @property
+    def has_masks(self) -> bool:
+        """Whether some row has tokens masked out or biased before the penalties."""
+        return (self.blocked is not None or self.token_bitmask is not None
+                or self.disallowed is not None or self.logit_bias is not None)
+
     @classmethod
     def from_rows(
         cls,
@@ -91,6 +105,7 @@ class SamplingBatch:
         device: torch.device | str = "cpu",
         prompt_token_ids: Sequence[Sequence[int] | torch.Tensor] | None = None,
         eos_token_ids: Sequence[Collection[int]] | None = None,
+        token_bitmask: torch.Tensor | None = None,
     ) -> SamplingBatch:
         """Gather one step's sampling inputs.
 
@@ -106,6 +121,8 @@ class SamplingBatch:
             eos_token_ids: per row, the ids that would end the sequence (EOS
                 unless ignore_eos, plus stop_token_ids); masked out while the row
                 has fewer than ``min_tokens`` outputs. None: ``stop_token_ids``.
+            token_bitmask: host ``int32 [rows, ceil(vocab_size / 32)]`` grammar bits (see
+                :meth:`StructuredOutputManager.fill_bitmask`), or None.
 
         Returns:
             The batch.
@@ -122,17 +139,41 @@ class SamplingBatch:
             i for i, p in enumerate(params)
             if p.min_tokens and len(output_token_ids[i]) < p.min_tokens
         ]
+        bad_word_rows = [i for i, p in enumerate(params) if p.bad_words_token_ids]
+        allowed_rows = [i for i, p in enumerate(params) if p.allowed_token_ids is not None]
+        bias_rows = [i for i, p in enumerate(params) if p.logit_bias]
         has_logprobs = any(p.logprobs is not None for p in params)
-        if all_greedy and not (rep_rows or pf_rows or blocked_rows or has_logprobs):
+        if all_greedy and not (rep_rows or pf_rows or blocked_rows or has_logprobs
+                               or bad_word_rows or allowed_rows or bias_rows
+                               or token_bitmask is not None):
             return cls(num_rows, vocab_size, is_plain_greedy=True, all_greedy=True)
 
         batch = cls(num_rows, vocab_size, is_plain_greedy=False, all_greedy=all_greedy)
         # Everything is built on the host and uploaded in one copy (see _Staging).
         staged = _Staging()
         if has_logprobs:
-            batch.num_logprobs = tuple(p.logprobs for p in params)
-        if blocked_rows:
-            _stage_blocked(staged, blocked_rows, params, eos_token_ids, vocab_size)
+            batch.num_logprobs = tuple(
+                vocab_size if p.logprobs == -1 else p.logprobs for p in params)
+        if blocked_rows or bad_word_rows:
+            _stage_blocked(staged, blocked_rows, params, eos_token_ids, vocab_size,
+                           _banned_bad_words(bad_word_rows, params, output_token_ids))
+        if token_bitmask is not None:
+            staged.add("token_bitmask", token_bitmask)
+        if allowed_rows:
+            staged.add("restricted", torch.tensor([p.allowed_token_ids is not None
+                                                   for p in params], dtype=torch.bool))
+            rows, cols = _scatter_index(allowed_rows,
+                                        [params[i].allowed_token_ids for i in allowed_rows],
+                                        vocab_size)
+            staged.add("allowed_rows", rows)
+            staged.add("allowed_cols", cols)
+        if bias_rows:
+            pairs = [(i, t, b) for i in bias_rows for t, b in params[i].logit_bias.items()
+                     if t < vocab_size]
+            staged.add("bias_rows", torch.tensor([r for r, _, _ in pairs], dtype=torch.int64))
+            staged.add("bias_cols", torch.tensor([t for _, t, _ in pairs], dtype=torch.int64))
+            staged.add("bias_values", torch.tensor([b for _, _, b in pairs],
+                                                   dtype=torch.float32))
         if rep_rows:
             if prompt_token_ids is None:
                 raise ValueError("prompt_token_ids are needed for a repetition penalty")
@@ -180,6 +221,16 @@ class SamplingBatch:
                 setattr(batch, name, on_device[name])
         if "blocked_rows" in on_device:
             batch.blocked = (on_device["blocked_rows"], on_device["blocked_cols"])
+        if "token_bitmask" in on_device:
+            batch.token_bitmask = on_device["token_bitmask"].view(token_bitmask.shape)
+        if "allowed_rows" in on_device:
+            # One spare column absorbs out-of-vocabulary ids.
+            keep = torch.zeros(num_rows, vocab_size + 1, dtype=torch.bool, device=device)
+            keep[on_device["allowed_rows"], on_device["allowed_cols"]] = True
+            batch.disallowed = on_device["restricted"][:, None] & ~keep[:, :vocab_size]
+        if "bias_rows" in on_device:
+            batch.logit_bias = (on_device["bias_rows"], on_device["bias_cols"],
+                                on_device["bias_values"])
         if "seen_rows" in on_device:
             # One spare column absorbs out-of-vocabulary ids.
             mask = torch.zeros(num_rows, vocab_size + 1, dtype=torch.bool, device=device)
@@ -267,9 +318,11 @@ def _stage_blocked(
     params: Sequence[SamplingParams],
     eos_token_ids: Sequence[Collection[int]] | None,
     vocab_size: int,
+    banned: Sequence[tuple[int, int]] = (),
 ) -> None:
-    """Stage (row, token id) of the stop ids masked on rows still under min_tokens."""
-    pairs = []
+    """Stage (row, token id) of the stop ids masked on rows still under min_tokens, and
+    the ``banned`` pairs."""
+    pairs = [(i, t) for i, t in banned if 0 <= t < vocab_size]
     for i in rows:
         ids = eos_token_ids[i] if eos_token_ids is not None else params[i].stop_token_ids or ()
         pairs.extend((i, t) for t in ids if 0 <= t < vocab_size)
@@ -277,3 +330,18 @@ def _stage_blocked(
         index = torch.tensor(pairs, dtype=torch.int64)
         staged.add("blocked_rows", index[:, 0])
         staged.add("blocked_cols", index[:, 1])
+
+
+def _banned_bad_words(rows: Sequence[int], params: Sequence[SamplingParams],
+                      output_token_ids: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
+    """(row, token id) pairs bad_words ban now: a word's last token where the row's output
+    ends with the word's other tokens (always, for one-token words)."""
+    pairs = []
+    for i in rows:
+        output = output_token_ids[i]
+        for ids in params[i].bad_words_token_ids or ():
+            prefix = ids[:-1]
+            if not prefix or (len(output) >= len(prefix)
+                              and list(output[len(output) - len(prefix):]) == prefix):
+                pairs.append((i, ids[-1]))
+    return pairs

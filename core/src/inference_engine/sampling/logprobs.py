@@ -63,11 +63,13 @@ def logprobs_to_dicts(
     Args:
         logprobs: ``[R, V]`` log-softmax of the raw logits.
         token_ids: ``[R]`` int64, the chosen token of each row.
-        num_logprobs: per row, how many top entries (0 = only the chosen one).
+        num_logprobs: per row, how many top entries (0 = only the chosen one, -1 = all).
         decoder: fills ``decoded_token``; None leaves it None.
     """
     decoder = decoder or TokenDecoder(None)
     vocab = logprobs.shape[1]
+    # -1 asks for the whole vocabulary (vLLM's convention).
+    num_logprobs = [vocab if n == -1 else n for n in num_logprobs]
     token_ids = token_ids.to(logprobs.device, torch.int64)
     # chosen: [R], ranks: [R]
     chosen = logprobs.gather(1, token_ids[:, None]).squeeze(1)

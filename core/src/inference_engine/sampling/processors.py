@@ -134,3 +134,20 @@ def apply_top_k_top_p_min_p(
     if min_p is not None:
         logits = apply_min_p(logits, min_p)
     return logits
+
+
+def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """Set to -inf every token whose bit is clear, in place (xgrammar's packed layout).
+
+    One batched op over all rows, no host sync: bit ``j % 32`` of ``bitmask[:, j // 32]``
+    says whether token ``j`` is allowed.
+
+    Args:
+        logits: ``[rows, vocab]`` float.
+        bitmask: ``[rows, ceil(vocab / 32)]`` int32.
+    """
+    rows, vocab = logits.shape
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    # bits: [rows, words * 32] bool, allowed tokens.
+    bits = ((bitmask[:, :, None] >> shifts) & 1).to(torch.bool).reshape(rows, -1)
+    return logits.masked_fill_(~bits[:, :vocab], NEG_INF)

@@ -1,8 +1,9 @@
 """Batched token selection with per-row parameters.
 
 Per step: ``batch = SamplingBatch.from_rows(...)`` then ``sampler(logits, batch)``.
-Processing order follows vLLM and transformers: min_tokens blocking and
-penalties, temperature, top-k, top-p, min-p, then a draw. Greedy rows take the
+Processing order follows vLLM and transformers: the masks (grammar bitmask,
+allowed_token_ids, bad_words and min_tokens blocking), logit_bias, penalties,
+temperature, top-k, top-p, min-p, then a draw. Greedy rows take the
 argmax after penalties. Reported logprobs are the model's raw distribution
 (log-softmax of the logits as given, before any processing), which is what
 vLLM reports by default.
@@ -29,6 +30,7 @@ from inference_engine.sampling.logprobs import Logprob, TokenDecoder, logprobs_t
 from inference_engine.sampling.processors import (
     NEG_INF,
     apply_penalties_,
+    apply_token_bitmask_,
     apply_temperature_,
     apply_top_k_top_p_min_p,
 )
@@ -126,10 +128,17 @@ class Sampler:
     @staticmethod
     def _block_and_penalise(logits: torch.Tensor, batch: SamplingBatch
                             ) -> tuple[torch.Tensor, bool]:
-        """(logits after min_tokens blocking and penalties, whether that is a copy)."""
-        if batch.blocked is None and not batch.has_penalties:
+        """(logits after the masks, logit_bias and penalties, whether that is a copy)."""
+        if not batch.has_masks and not batch.has_penalties:
             return logits, False
         out = logits.clone()
+        if batch.token_bitmask is not None:
+            apply_token_bitmask_(out, batch.token_bitmask)
+        if batch.disallowed is not None:
+            out.masked_fill_(batch.disallowed, NEG_INF)
+        if batch.logit_bias is not None:
+            rows, cols, bias = batch.logit_bias
+            out.index_put_((rows, cols), bias, accumulate=True)
         if batch.blocked is not None:
             # NOTE: a device-side fill value; ``out[idx] = float`` would upload the scalar
             # from pageable host memory, a synchronous copy on CUDA.

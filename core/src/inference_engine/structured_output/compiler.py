@@ -1,0 +1,112 @@
+"""Grammar compilation with xgrammar: once per distinct constraint, off the engine thread.
+
+A slow compile (a large JSON schema) must not stall the requests already running, so
+:meth:`GrammarCompilerPool.submit` returns a future at once; the engine admits the
+request to the scheduler when it is done. Futures are cached by the constraint's
+:meth:`~.params.StructuredOutputsParams.cache_key`, so a schema is compiled once however
+many requests use it (a failed compile is cached too: the same bad schema fails fast).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Collection
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from inference_engine.structured_output.params import StructuredOutputsParams
+
+__all__ = ["CompiledConstraint", "GrammarCompilerPool", "json_schema_ebnf"]
+
+# xgrammar (0.2.9) writes the characters of a length-bounded JSON string as this class,
+# which admits raw control characters (U+0000-U+001F): not JSON, json.loads refuses it.
+# Its unbounded strings use the right class; the bounded ones are tightened to it.
+_LOOSE_STRING_CHAR = r'[^\"\\\r\n]'
+_JSON_STRING_CHAR = r'[^\0-\x1f\"\\]'
+
+
+def json_schema_ebnf(schema: dict[str, Any], any_whitespace: bool = True) -> str:
+    """xgrammar's EBNF for ``schema``, with JSON's string characters (see above)."""
+    import json
+
+    import xgrammar
+
+    grammar = xgrammar.Grammar.from_json_schema(json.dumps(schema),
+                                                any_whitespace=any_whitespace)
+    return str(grammar).replace(_LOOSE_STRING_CHAR, _JSON_STRING_CHAR)
+
+
+@dataclass(frozen=True)
+class CompiledConstraint:
+    """An xgrammar ``CompiledGrammar`` and how long compiling it took."""
+
+    grammar: Any
+    compile_seconds: float
+
+
+class GrammarCompilerPool:
+    """Compiles constraints for one tokenizer in a background thread, with a cache.
+
+    Args:
+        tokenizer: the Hugging Face tokenizer (xgrammar reads its vocabulary and decoder).
+        vocab_size: width of the model's logits (may exceed the tokenizer's vocabulary;
+            ids past it are never allowed).
+        stop_token_ids: ids that end a sequence (the engine's EOS set): allowed once the
+            grammar is complete.
+        max_workers: compile threads.
+    """
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Collection[int],
+                 max_workers: int = 1) -> None:
+        import xgrammar
+
+        self.tokenizer_info = xgrammar.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_token_ids) or None)
+        self.vocab_size = vocab_size
+        self._compiler = xgrammar.GrammarCompiler(self.tokenizer_info, max_threads=max_workers)
+        self._executor = ThreadPoolExecutor(max_workers=max_workers,
+                                            thread_name_prefix="grammar-compile")
+        self._cache: dict[tuple[str, str, bool], Future[CompiledConstraint]] = {}
+        self._lock = threading.Lock()
+
+    def submit(self, params: StructuredOutputsParams) -> Future[CompiledConstraint]:
+        """The (possibly shared, possibly finished) future of ``params``' grammar."""
+        key = params.cache_key()
+        with self._lock:
+            future = self._cache.get(key)
+            if future is None:
+                future = self._cache[key] = self._executor.submit(self._compile, params)
+        return future
+
+    def compile(self, params: StructuredOutputsParams) -> CompiledConstraint:
+        """Compile now, on this thread (through the cache)."""
+        return self.submit(params).result()
+
+    def _compile(self, params: StructuredOutputsParams) -> CompiledConstraint:
+        start = time.perf_counter()
+        compiler = self._compiler
+        any_whitespace = not params.disable_any_whitespace
+        try:
+            if params.json is not None:
+                schema = params.json
+                if schema is True:
+                    grammar = compiler.compile_builtin_json_grammar()
+                else:
+                    grammar = compiler.compile_grammar(json_schema_ebnf(schema, any_whitespace))
+            elif params.json_object:
+                grammar = compiler.compile_builtin_json_grammar()
+            elif params.regex is not None:
+                grammar = compiler.compile_regex(params.regex)
+            elif params.choice is not None:
+                grammar = compiler.compile_grammar(params.choice_grammar())
+            else:
+                grammar = compiler.compile_grammar(params.grammar)
+        except Exception as exc:  # xgrammar raises RuntimeError/ValueError with its reason
+            raise ValueError(f"structured_outputs.{params.kind} could not be compiled: "
+                             f"{exc}") from None
+        return CompiledConstraint(grammar, time.perf_counter() - start)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
