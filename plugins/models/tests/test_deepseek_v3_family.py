@@ -21,6 +21,8 @@ import transformers
 from inference_engine import SamplingParams
 from inference_engine.engine.kv_cache import KVCachePool
 from inference_engine.engine.model_runner import attention_layers
+from inference_engine.interfaces.attention import KVCacheSpec
+from inference_engine.layers.dsa_indexer import LightningIndexer
 from inference_engine.testing import cpu_llm, train_tiny_tokenizer
 from inference_engine.testing_parity import (
     PARITY_PROMPTS,
@@ -33,6 +35,8 @@ from inference_engine.testing_parity import (
     saved_tensors,
 )
 from inference_engine_models.deepseek_v3 import DeepseekV3ForCausalLM
+from inference_engine_models.deepseek_v32 import DeepseekV32ForCausalLM
+from inference_engine_models.glm_moe_dsa import GlmMoeDsaForCausalLM
 
 torch.set_flush_denormal(True)
 
@@ -53,11 +57,31 @@ def _deepseek_v3(vocab: int, **overrides: Any) -> Any:
                                          **{**_COMMON, **overrides})
 
 
+# The sparse models (sizes from shared/docs/headline-models.md): top-8 of 13+ keys, 32 indexer
+# heads so the ReLU scores do not tie.
+_DSA = dict(q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
+            v_head_dim=16, index_n_heads=32, index_head_dim=16, index_topk=8)
+
+
+def _deepseek_v32(vocab: int, **overrides: Any) -> Any:
+    return transformers.DeepseekV32Config(vocab_size=vocab, num_hidden_layers=2,
+                                          **{**_COMMON, **_DSA, **overrides})
+
+
+def _glm_moe_dsa(vocab: int, **overrides: Any) -> Any:
+    return transformers.GlmMoeDsaConfig(vocab_size=vocab, num_hidden_layers=3,
+                                        indexer_types=["full", "shared", "full"],
+                                        **{**_COMMON, **_DSA, **overrides})
+
+
 ARCHS: dict[str, tuple[Callable[[int], Any], type]] = {
     "deepseek_v3": (_deepseek_v3, DeepseekV3ForCausalLM),
     "deepseek_v3_half_rope": (lambda v: _deepseek_v3(v, rope_interleave=False),
                               DeepseekV3ForCausalLM),
+    "deepseek_v32": (_deepseek_v32, DeepseekV32ForCausalLM),
+    "glm_moe_dsa": (_glm_moe_dsa, GlmMoeDsaForCausalLM),
 }
+SPARSE = {"deepseek_v32": _deepseek_v32, "glm_moe_dsa": _glm_moe_dsa}
 
 
 def hf_model(config: Any, std: float = 0.15) -> Any:
@@ -126,6 +150,54 @@ def test_sigmoid_router_checkpoint_names(pair):
     assert "model.layers.1.mlp.gate.e_score_correction_bias" in tensors
     assert "model.layers.1.mlp.experts.7.up_proj.weight" in tensors
     assert "model.layers.0.mlp.gate_proj.weight" in tensors
+
+
+def test_sparse_layers_cache_an_indexer_key_per_token(pair):
+    """The indexer is a cache layer of its own: one index_head_dim key per token, beside the
+    MLA latent in the same pool; GLM-5's shared layer has no indexer weights or cache."""
+    arch, config, _, tensors = pair
+    if arch not in SPARSE:
+        pytest.skip("dense attention")
+    twin = ours(arch, config, tensors)
+    indexers = [m for m in twin.model.modules() if isinstance(m, LightningIndexer)]
+    full = [i for i in range(config.num_hidden_layers)
+            if getattr(config, "indexer_types", None) is None
+            or config.indexer_types[i] == "full"]
+    assert [m.prefix for m in indexers] == [f"model.layers.{i}.self_attn.indexer" for i in full]
+    assert KVCacheSpec(1, 1, 16, torch.float32) in twin.pool.specs
+    assert len(twin.pool.specs) == config.num_hidden_layers + len(full)
+    if arch == "glm_moe_dsa":
+        assert not any(name.startswith("model.layers.1.self_attn.indexer") for name in tensors)
+
+
+def test_selection_matters(pair):
+    """A dense twin (top-k past the context) differs from the sparse model, and only the
+    sparse one matches transformers' sparse reference: the restriction is really applied."""
+    arch, config, hf, tensors = pair
+    if arch not in SPARSE:
+        pytest.skip("dense attention")
+    ids = tokens(24, 3)
+    sparse = run_step(ours(arch, config, tensors), [Seq(ids, 0, [5, 2, 7, 0, 9, 11])])
+    dense_config = SPARSE[arch](256, index_topk=1000)
+    dense = run_step(ours(arch, dense_config, tensors), [Seq(ids, 0, [5, 2, 7, 0, 9, 11])])
+    assert (sparse - dense).abs().max() > 0.05
+    assert_close(sparse, hf_logits(hf, ids))
+
+
+def test_long_decode_reads_only_selected_positions(pair):
+    """Decode steps past top-k (sparse absorbed path) match transformers one token at a time."""
+    arch, config, hf, tensors = pair
+    if arch not in SPARSE:
+        pytest.skip("dense attention")
+    twin = ours(arch, config, tensors)
+    a, b = tokens(10, 21), tokens(7, 22)
+    blocks_a, blocks_b = [3, 8, 1, 12, 14, 0], [6, 2, 9, 4, 15]
+    run_step(twin, [Seq(a, 0, blocks_a), Seq(b, 0, blocks_b)])
+    for step in range(8):
+        a, b = a + tokens(1, 30 + step), b + tokens(1, 40 + step)
+        logits = run_step(twin, [Seq(b, len(b) - 1, blocks_b), Seq(a, len(a) - 1, blocks_a)])
+        assert_close(logits[:1], hf_logits(hf, b)[-1:])
+        assert_close(logits[1:], hf_logits(hf, a)[-1:])
 
 
 # --------------------------------------------------------------------------- #

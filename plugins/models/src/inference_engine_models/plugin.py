@@ -27,4 +27,8 @@ def ie_register_models() -> list[Spec]:
              "DeepSeek-V2 (multi-head latent attention, softmax-routed MoE)"),
         Spec("DeepseekV3ForCausalLM", f"{base}.deepseek_v3:DeepseekV3ForCausalLM",
              "DeepSeek-V3 / R1 (MLA, sigmoid noaux_tc routing with correction bias)"),
+        Spec("DeepseekV32ForCausalLM", f"{base}.deepseek_v32:DeepseekV32ForCausalLM",
+             "DeepSeek-V3.2 (DSA: lightning indexer, top-k sparse MLA)"),
+        Spec("GlmMoeDsaForCausalLM", f"{base}.glm_moe_dsa:GlmMoeDsaForCausalLM",
+             "GLM-5 (DSA sparse MLA, indexer shared across layers)"),
     ]

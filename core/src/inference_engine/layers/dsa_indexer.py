@@ -1,0 +1,137 @@
+"""The DeepSeek Sparse Attention (DSA) "lightning indexer" and its paged key cache.
+
+Per token the indexer keeps one small key (``index_head_dim`` values: a
+LayerNorm-ed ``wk`` projection, its first ``qk_rope_head_dim`` values rotated)
+in the paged pool. It is a cache-holding layer of its own
+(:meth:`LightningIndexer.kv_cache_spec`), so the pool gives it a slice of every
+block beside its attention layer's MLA latents: same block ids, written at
+prefill and decode, kept by the prefix cache and freed with the block like any
+K/V.
+
+Each query scores every visible cached position::
+
+    score[t, s] = sum_h w[t, h] * relu(q[t, h] . k[s]) * (H ** -0.5 * D ** -0.5)
+
+with ``q`` from the attention's q-LoRA latent (``wq_b``) and ``w`` from the
+hidden state (``weights_proj``); the top ``index_topk`` positions
+(:func:`~inference_engine.layers.sparse_topk.topk_positions`) are what the
+sparse MLA attends. DeepSeek-V3.2 rotates the rope part as neox halves,
+GLM-5 as interleaved pairs (de-interleaved here: the same permutation of q and
+k leaves every score unchanged).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from inference_engine.builtin.attention.common import gather_context
+from inference_engine.interfaces.attention import AttentionMetadata, KVCacheSpec
+from inference_engine.interfaces.model import ModelContext
+from inference_engine.layers.fused_op_choice import choose_fused_op
+from inference_engine.layers.linear import ReplicatedLinear
+from inference_engine.layers.rotary import RotaryTable
+from inference_engine.layers.sparse_topk import topk_positions
+
+__all__ = ["LightningIndexer", "index_scores"]
+
+
+def index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
+                 first_position: int) -> torch.Tensor:
+    """One sequence's indexer scores, causal.
+
+    Args:
+        q: ``[q_len, H, D]`` float32 indexer queries (already scaled).
+        weights: ``[q_len, H]`` float32 per-head weights (already scaled).
+        keys: ``[seq_len, D]`` float32 cached indexer keys.
+        first_position: the position of the first query.
+
+    Returns:
+        ``[q_len, seq_len]`` float32, ``-inf`` at positions after each query's own.
+    """
+    scores = torch.einsum("qhd,sd->qhs", q, keys).relu_()
+    scores = torch.einsum("qhs,qh->qs", scores, weights)
+    q_pos = torch.arange(first_position, first_position + q.shape[0], device=q.device)
+    future = torch.arange(keys.shape[0], device=q.device)[None, :] > q_pos[:, None]
+    return scores.masked_fill_(future, float("-inf"))
+
+
+class LightningIndexer(nn.Module):
+    """Scores cached positions for each query and keeps the top ``index_topk``.
+
+    Module names follow transformers (``wq_b``, ``wk``, ``k_norm``,
+    ``weights_proj`` under ``self_attn.indexer``).
+
+    Args:
+        ctx: the model context.
+        prefix: dotted module name (``model.layers.0.self_attn.indexer``).
+        rope_interleaved: whether the checkpoint rotates interleaved pairs (GLM-5)
+            rather than neox halves (DeepSeek-V3.2).
+    """
+
+    def __init__(self, ctx: ModelContext, prefix: str, rope_interleaved: bool) -> None:
+        super().__init__()
+        cfg = ctx.hf_config
+        self.prefix = prefix
+        self.num_heads = h = cfg.index_n_heads
+        self.head_dim = d = cfg.index_head_dim
+        self.rope_dim = cfg.qk_rope_head_dim
+        self.topk = cfg.index_topk
+        self.wq_b = ReplicatedLinear(ctx, cfg.q_lora_rank, h * d, f"{prefix}.wq_b")
+        self.wk = ReplicatedLinear(ctx, cfg.hidden_size, d, f"{prefix}.wk")
+        self.k_norm = nn.LayerNorm(d, eps=1e-6, dtype=ctx.dtype)
+        self.weights_proj = ReplicatedLinear(ctx, cfg.hidden_size, h, f"{prefix}.weights_proj")
+        self.dtype = ctx.dtype
+        perm = (torch.cat((torch.arange(0, self.rope_dim, 2), torch.arange(1, self.rope_dim, 2)))
+                if rope_interleaved else torch.arange(self.rope_dim))
+        self.register_buffer("rope_perm", perm, persistent=False)
+        self.topk_impl = choose_fused_op(getattr(ctx, "device", None))
+        # [num_blocks, block_size, 1, index_head_dim] view, bound by the runner.
+        self.kv_cache: tuple[torch.Tensor] | None = None
+
+    def kv_cache_spec(self) -> KVCacheSpec:
+        """One key of ``index_head_dim`` values per token."""
+        return KVCacheSpec(num_tensors=1, num_heads=1, head_dim=self.head_dim, dtype=self.dtype)
+
+    def _rotate(self, rope: RotaryTable, x: torch.Tensor) -> torch.Tensor:
+        """``x [T, heads, D]`` with its first ``rope_dim`` values rotated."""
+        r = self.rope_dim
+        return torch.cat((rope.rotate(x[..., :r][..., self.rope_perm]), x[..., r:]), dim=-1)
+
+    def forward(self, hidden: torch.Tensor, q_latent: torch.Tensor, rope: RotaryTable,
+                metadata: AttentionMetadata) -> torch.Tensor | None:
+        """Cache this step's keys; return each query's selected positions.
+
+        Args:
+            hidden: ``[T, hidden]`` the attention's input.
+            q_latent: ``[T, q_lora_rank]`` the attention's normed q-LoRA latent.
+
+        Returns:
+            ``[T, index_topk]`` int64 positions (ascending, ``-1`` padded), or None when no
+            context in the step is longer than ``index_topk`` (every query keeps all it
+            sees: dense attention is the same and cheaper).
+        """
+        if self.kv_cache is None:
+            raise RuntimeError(f"{self.prefix}: no indexer cache bound; the model runner sets "
+                               f"LightningIndexer.kv_cache after allocating the pool")
+        t = hidden.shape[0]
+        key = self._rotate(rope, self.k_norm(self.wk(hidden))[:, None])[:, 0]
+        (cache,) = self.kv_cache
+        cache[metadata.slot_blocks, metadata.slot_offsets, 0] = key.to(cache.dtype)
+        if max(metadata.seq_lens_list, default=0) <= self.topk:
+            return None
+        q = self._rotate(rope, self.wq_b(q_latent).view(t, self.num_heads, self.head_dim))
+        q = q.float() * self.head_dim ** -0.5
+        weights = self.weights_proj(hidden).float() * self.num_heads ** -0.5
+        width = max(metadata.seq_lens_list)
+        scores = torch.full((t, width), float("-inf"), dtype=torch.float32, device=hidden.device)
+        starts = metadata.query_start_loc.tolist()
+        for i, seq_len in enumerate(metadata.seq_lens_list):
+            start, end = starts[i], starts[i + 1]
+            keys = gather_context(cache, metadata.block_tables[i], seq_len, metadata.block_size)
+            scores[start:end, :seq_len] = index_scores(
+                q[start:end], weights[start:end], keys[:, 0].float(), seq_len - (end - start))
+        return topk_positions(scores, self.topk, self.topk_impl)
+
+    def extra_repr(self) -> str:
+        return f"heads={self.num_heads}, head_dim={self.head_dim}, topk={self.topk}"

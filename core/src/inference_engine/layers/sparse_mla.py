@@ -1,0 +1,155 @@
+"""Multi-head latent attention restricted to the positions a DSA indexer selects.
+
+DeepSeek-V3.2 and GLM-5 attend, per query, only the ``index_topk`` cached
+positions their :class:`~inference_engine.layers.dsa_indexer.LightningIndexer`
+scores highest. Decodes gather just those latents from the paged pool (by
+block table, in place) and attend them with the absorbed weights, so a decode
+step reads ``index_topk`` entries however long the context; prefill chunks
+expand their sequence's latents and mask everything not selected. While no
+context in the step is longer than ``index_topk`` every query keeps all it
+sees, so the dense MLA paths run unchanged.
+
+GLM-5's "shared" layers have no indexer: they reuse the selection of the
+previous layer that has one, passed through the step's
+``metadata.backend_cache`` (layers run in order within a step).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from inference_engine.builtin.attention.common import attend_sequence, gather_context
+from inference_engine.interfaces.attention import AttentionMetadata
+from inference_engine.interfaces.model import ModelContext
+from inference_engine.layers.dsa_indexer import LightningIndexer
+from inference_engine.layers.mla import MLAAttention
+from inference_engine.layers.rotary import RotaryTable
+
+__all__ = ["SELECTION_KEY", "SparseMLAAttention", "selected_slots"]
+
+# Where a layer with an indexer leaves the step's selection for the shared layers after it.
+SELECTION_KEY = "dsa_selection"
+
+
+def selected_slots(positions: torch.Tensor, block_table: torch.Tensor,
+                   block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pool coordinates of selected positions.
+
+    Args:
+        positions: ``[rows, k]`` int64 positions, ``-1`` for none.
+        block_table: ``[rows, max_blocks]`` each row's sequence's block ids.
+
+    Returns:
+        ``(blocks, offsets)`` each ``[rows, k]`` (a ``-1`` reads position 0, to be masked).
+    """
+    pos = positions.clamp(min=0)
+    blocks = block_table.gather(1, torch.div(pos, block_size, rounding_mode="floor"))
+    return blocks, pos % block_size
+
+
+class SparseMLAAttention(MLAAttention):
+    """:class:`MLAAttention` over the indexer's top-k positions.
+
+    Args:
+        ctx: the model context (``q_lora_rank`` must be set: the indexer reads the q latent).
+        prefix: dotted module name (``model.layers.0.self_attn``).
+        has_indexer: False for a layer that reuses the previous layer's selection.
+        rope_interleaved_indexer: passed to :class:`LightningIndexer`.
+    """
+
+    def __init__(self, ctx: ModelContext, prefix: str, has_indexer: bool = True,
+                 rope_interleaved_indexer: bool = False) -> None:
+        super().__init__(ctx, prefix)
+        if self.q_lora_rank is None:
+            raise ValueError(f"{prefix}: sparse (DSA) attention needs config.q_lora_rank; "
+                             f"the indexer's queries come from the q latent")
+        self.indexer = (LightningIndexer(ctx, f"{prefix}.indexer", rope_interleaved_indexer)
+                        if has_indexer else None)
+
+    def forward(self, hidden: torch.Tensor, rope: RotaryTable,
+                metadata: AttentionMetadata) -> torch.Tensor:
+        """``hidden [T, hidden]`` -> ``[T, hidden]``."""
+        if self.kv_cache is None:
+            raise RuntimeError(f"{self.prefix}: no KV cache bound; the model runner sets "
+                               f"MLAAttention.kv_cache after allocating the pool")
+        t, h = hidden.shape[0], self.num_heads
+        q_latent = self.q_a_layernorm(self.q_a_proj(hidden))
+        q = self.q_b_proj(q_latent).view(t, h, self.qk_dim)
+        q_nope = q[..., :self.nope_dim]
+        q_pe = rope.rotate(q[..., self.nope_dim:][..., self.rope_perm])
+        kv = self.kv_a_proj_with_mqa(hidden)
+        latent = self.kv_a_layernorm(kv[:, :self.rank])
+        k_pe = rope.rotate(kv[:, None, self.rank:][..., self.rope_perm])
+        (cache,) = self.kv_cache
+        cache[metadata.slot_blocks, metadata.slot_offsets, 0] = (
+            torch.cat((latent, k_pe[:, 0]), dim=-1).to(cache.dtype))
+        selected = self._selection(hidden, q_latent, rope, metadata)
+        out = torch.empty(t, h, self.v_dim, dtype=hidden.dtype, device=hidden.device)
+        n = metadata.num_decodes
+        if n:
+            if selected is None:
+                path = (self._decode_absorbed if self.decode_path == "absorbed"
+                        else self._decode_expand)
+                out[:n] = path(q_nope[:n], q_pe[:n], cache, metadata)
+            else:
+                out[:n] = self._decode_selected(q_nope[:n], q_pe[:n], cache, metadata,
+                                                selected[:n])
+        starts = metadata.query_start_loc.tolist()
+        for i in range(n, metadata.num_seqs):
+            start, end = starts[i], starts[i + 1]
+            if selected is None:
+                out[start:end] = self._attend_expanded(q_nope[start:end], q_pe[start:end],
+                                                       cache, metadata, i)
+            else:
+                out[start:end] = self._prefill_selected(q_nope[start:end], q_pe[start:end],
+                                                        cache, metadata, i, selected[start:end])
+        return self.o_proj(out.view(t, h * self.v_dim))
+
+    def _selection(self, hidden: torch.Tensor, q_latent: torch.Tensor, rope: RotaryTable,
+                   metadata: AttentionMetadata) -> torch.Tensor | None:
+        if self.indexer is not None:
+            selected = self.indexer(hidden, q_latent, rope, metadata)
+            metadata.backend_cache[SELECTION_KEY] = selected
+            return selected
+        if SELECTION_KEY not in metadata.backend_cache:
+            raise RuntimeError(f"{self.prefix}: a layer without an indexer reuses the previous "
+                               f"layer's selection, and no earlier layer made one this step")
+        return metadata.backend_cache[SELECTION_KEY]
+
+    def _prefill_selected(self, q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor,
+                          metadata: AttentionMetadata, seq: int,
+                          positions: torch.Tensor) -> torch.Tensor:
+        """One sequence's chunk: expanded K/V, masked to each query's selected positions."""
+        seq_len = metadata.seq_lens_list[seq]
+        ctx = gather_context(cache, metadata.block_tables[seq], seq_len, metadata.block_size)
+        ctx = ctx[:, 0].to(q_nope.dtype)  # [L, rank + rope]
+        kv = self.kv_b_proj(ctx[:, :self.rank]).view(seq_len, self.num_heads, -1)
+        k = torch.cat((kv[..., :self.nope_dim],
+                       ctx[:, None, self.rank:].expand(-1, self.num_heads, -1)), dim=-1)
+        v = kv[..., self.nope_dim:]
+        mask = torch.zeros(positions.shape[0], seq_len + 1, dtype=torch.bool,
+                           device=q_nope.device)
+        mask.scatter_(1, torch.where(positions < 0, seq_len, positions), True)
+        q = torch.cat((q_nope, q_pe), dim=-1)
+        return attend_sequence(q, k, v, self.scale, mask[:, :seq_len])
+
+    def _decode_selected(self, q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor,
+                         metadata: AttentionMetadata, positions: torch.Tensor) -> torch.Tensor:
+        """One query per sequence over its selected latents only, absorbed weights."""
+        n = q_nope.shape[0]
+        w_uk, w_uv = self._kv_b()
+        q_lat = torch.einsum("nhd,hdr->nhr", q_nope, w_uk)
+        q = torch.cat((q_lat, q_pe), dim=-1).unsqueeze(2)  # [n, H, 1, rank + rope]
+        blocks, offsets = selected_slots(positions, metadata.block_tables[:n],
+                                         metadata.block_size)
+        valid = positions >= 0  # [n, k]
+        entries = cache[blocks, offsets, 0].to(q.dtype)  # [n, k, rank + rope]
+        entries = entries.masked_fill(~valid[..., None], 0.0).unsqueeze(1)
+        o_lat = torch.nn.functional.scaled_dot_product_attention(
+            q, entries, entries[..., :self.rank], attn_mask=valid[:, None, None, :],
+            scale=self.scale, enable_gqa=True)  # [n, H, 1, rank]
+        return torch.einsum("nhr,hvr->nhv", o_lat[:, :, 0], w_uv)
+
+    def extra_repr(self) -> str:
+        shared = "" if self.indexer is not None else ", selection=previous layer"
+        return super().extra_repr() + shared
