@@ -51,6 +51,10 @@ CORPUS: dict[str, list[tuple[str | None, bool | None, str, bool]]] = {
                         "<parameter=b>\nTRUE\n</function>\nend", True),
         ("qwen3", None, "R\n<tool_call>\n<function=get_time>\n</function>\n</tool_call></think>ok",
          True),
+        # an object parameter written as a JSON string holding a Python repr
+        (None, None, "<tool_call>\n<function=typed>\n<parameter=o>\n\"{'k': [1, 'x']}\"\n"
+                     "</parameter>\n<parameter=a>\n\"[true]\"\n</parameter>\n</function>\n"
+                     "</tool_call>", True),
         # a stray </tool_call> after an unwrapped function is dropped
         (None, None, "Go.\n\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n"
                      "</function>\n</tool_call>\n<function=get_time>\n</function>\nok", True),

@@ -45,6 +45,9 @@ def _minimax(param: str, value: str, tool: str = "typed"):
     ("o", "{'k': 1}", {"k": 1}),    # Python-literal fallback
     ("o", "nope", "nope"),
     ("a", "['a']", ["a"]),
+    ("o", '"{\'k\': 1, \'n\': [2]}"', {"k": 1, "n": [2]}),  # JSON string holding a repr
+    ("a", '"[1, \\"x\\"]"', [1, "x"]),                  # JSON string holding JSON
+    ("o", '"just text"', "just text"),                     # a string holding no container
     ("ni", "7", 7),                 # first non-null anyOf branch
     ("ni", "None", None),
     ("e", "1", "1"),                # enum without type: string

@@ -208,6 +208,12 @@ def _coder_convert(value: str, type_name: str) -> Any:
         return value.lower() == "true"
     if type_name in ("object", "array"):
         ok, parsed = _json_or_literal(value)
+        if ok and isinstance(parsed, str):
+            # A JSON string holding the container (a template that wrote
+            # json.dumps(str(obj))) is decoded once more, as vLLM does.
+            is_inner, inner = _json_or_literal(parsed)
+            if is_inner and isinstance(inner, (dict, list)):
+                return inner
         return parsed if ok else value
     ok, parsed = _json_or_literal(value, use_json=False)
     return parsed if ok else value
