@@ -6,7 +6,7 @@ differs it must be a genuine near-tie of the reference (top-2 within 1e-4).
 
 That comparison runs the engine with ``activations=float``. The default
 ``activations=q8`` (llama.cpp's arithmetic) is checked layer by layer inside a
-whole generate against ggml's Q8_K rounding in numpy.
+whole generate against ggml's Q8_K / Q8_0 / Q8_1 rounding and dot products in numpy.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from inference_engine_gguf.dequant import dequantize
 from inference_engine_gguf.export import export_to_gguf
 from inference_engine_gguf.q8k_kernels import unpack_tiles
 from inference_engine_gguf.quant_method import GGMLLMHead, raw_rows
-from inference_engine_gguf.testing import q8k_matmul_reference, q80_matmul_reference
+from inference_engine_gguf.testing import block32_matmul_reference, q8k_matmul_reference
 
 NEW_TOKENS = 10
 PROMPTS = ["The quick brown fox", "héllo wörld, naïve café"]
@@ -113,9 +113,10 @@ Q8_CASES = ["qwen3-Q4_K_M", "qwen3-mixed", "qwen3-mixed-tiles", "qwen3-Q4_K-tied
 @pytest.mark.parametrize("case", Q8_CASES)
 def test_q8_layers_compute_llamacpp_arithmetic_in_the_engine(case, tmp_path, tokenizer,
                                                             make_hf_model):
-    """The default ``activations=q8``, through a whole generate: every K-quant layer's output
+    """The default ``activations=q8``, through a whole generate: every block-type layer's output
     (fused parts, packed tiles and the LM head included) equals ggml's Q8_K rounding of the
-    very input it got times the file's weights, and not the float product.
+    very input it got times the file's weights (Q8_0 / Q8_1 for the 32-value block types),
+    and not the float product.
 
     Greedy tokens are not compared here: an input within float rounding of a Q8_K step
     rounds either way between any two implementations (llama.cpp's own included), and the
@@ -147,8 +148,8 @@ def test_q8_layers_compute_llamacpp_arithmetic_in_the_engine(case, tmp_path, tok
         for raw, part_type, start, rows, packed in parts:
             if part_type in K_QUANTS:
                 reference = q8k_matmul_reference
-            elif part_type in (T.Q8_0, T.Q4_0) and packed:  # Q8_0 activations, as llama.cpp
-                reference = q80_matmul_reference
+            elif part_type in q8k_kernels.Q8_TYPES:  # Q8_0 / Q8_1 activations, as llama.cpp
+                reference = block32_matmul_reference
             else:
                 continue
             ours = y[:, start : start + rows].double()

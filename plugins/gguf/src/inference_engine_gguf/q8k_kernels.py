@@ -1,4 +1,4 @@
-"""K-quant matmuls the way llama.cpp computes them on CPU: 8-bit activations, integer dots.
+"""Block-type matmuls the way llama.cpp computes them on CPU: 8-bit activations, integer dots.
 
 llama.cpp never multiplies float activations by a K-quant weight: each activation row
 is first rounded to Q8_K (per 256 values one float scale ``d = max/-127``-style, int8
@@ -16,6 +16,12 @@ dequantize-and-FMA:
 * every K-quant can also run from its raw rows: each call unpacks 8 rows at a time into
   bytes and lane scales, then ``vpmaddubsw`` + ``vpdpwssd`` per 64 values (scalar
   loops without AVX512-BW).
+
+The 32-value block types take llama.cpp's other activation roundings (:func:`activation_rounding`):
+Q8_0 for Q8_0, Q4_0, Q5_0 and MXFP4, Q8_1 (with each block's ``s = fp16(d * sum)``, which
+the weight's min multiplies) for Q4_1 and Q5_1. Q8_0 and Q4_0 rows in 16s are packed into
+tiles too; the rest are unpacked per call (``csrc/q8_block32.h``): one integer dot product
+per 32 values, times ``d_w * d_a``, plus ``m_w * s_a`` where the weight has a min.
 
 :func:`quantize_q8_k` and :func:`q8k_linear_reference` are the plain torch statement of
 that arithmetic (ggml's ``quantize_row_q8_K_ref`` and the K-quant dot products
@@ -39,16 +45,22 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from inference_engine_gguf.cpu_kernels import CSRC_DIR, load_ggml_extension
 from inference_engine_gguf.dequant import dequantize
 
-__all__ = ["PACKED_TYPES", "Q80_TYPES", "Q8K_TYPES", "TILE_ROWS", "Q8Parts", "kernel", "pack_tiles",
-           "packing_available", "q8k_linear", "q8k_linear_reference", "q8k_parts_linear",
-           "quantize_q8_k", "unpack_tiles"]
+__all__ = ["PACKED_TYPES", "Q80_TYPES", "Q81_TYPES", "Q8K_TYPES", "Q8_TYPES", "TILE_ROWS",
+           "Q8Parts", "activation_rounding", "kernel", "pack_tiles", "packing_available",
+           "q8_linear", "q8k_linear", "q8k_linear_reference", "q8k_parts_linear", "quantize_q8_k",
+           "unpack_tiles"]
 
 T = GGMLQuantizationType
 
 # Weight types whose llama.cpp CPU dot product takes Q8_K activations (and our kernel has).
 Q8K_TYPES: frozenset[GGMLQuantizationType] = frozenset({T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K})
-# Weight types llama.cpp multiplies by Q8_0 activations that we do too (packed tiles only).
-Q80_TYPES: frozenset[GGMLQuantizationType] = frozenset({T.Q8_0, T.Q4_0})
+# Weight types llama.cpp's CPU backend multiplies by Q8_0 activations (its vec_dot_type).
+Q80_TYPES: frozenset[GGMLQuantizationType] = frozenset(
+    {T.Q8_0, T.Q4_0, T.Q5_0, *((T.MXFP4,) if hasattr(T, "MXFP4") else ())})
+# ... and by Q8_1 activations (Q8_0 plus each block's fp16 ``d * sum``, for the weight's min).
+Q81_TYPES: frozenset[GGMLQuantizationType] = frozenset({T.Q4_1, T.Q5_1})
+# Every type the kernel multiplies by 8-bit activations.
+Q8_TYPES: frozenset[GGMLQuantizationType] = Q8K_TYPES | Q80_TYPES | Q81_TYPES
 QK_K = 256
 # Weight values one float64 tile of the reference path may hold (32 MiB).
 REFERENCE_TILE_VALUES = 1 << 22
@@ -60,6 +72,20 @@ _SOURCES = [str(CSRC_DIR / "q8k_matmul.cpp")]
 def kernel() -> Any | None:
     """The compiled extension, or None where it cannot be built or is turned off."""
     return load_ggml_extension(_STEM, _SOURCES, description="the CPU K-quant x Q8_K kernel")
+
+
+def activation_rounding(qtype: GGMLQuantizationType) -> str | None:
+    """``"Q8_K"``, ``"Q8_0"`` or ``"Q8_1"``: how llama.cpp rounds the activations a weight of
+    this type multiplies on CPU; None for the types it multiplies by float ones (F32, F16,
+    BF16 are float dot products there too; F16 / BF16 round the activations to their own
+    type, which is not done here)."""
+    if qtype in Q8K_TYPES:
+        return "Q8_K"
+    if qtype in Q80_TYPES:
+        return "Q8_0"
+    if qtype in Q81_TYPES:
+        return "Q8_1"
+    return None
 
 
 def quantize_q8_k(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -124,10 +150,28 @@ def q8k_linear(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType) 
     return y.reshape(*lead, y.shape[-1])
 
 
+def q8_linear(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType) -> torch.Tensor:
+    """``x [..., K] @ W.T`` in llama.cpp's arithmetic for any :data:`Q8_TYPES` weight ``raw``
+    (raw rows) on CPU: the activations rounded as :func:`activation_rounding` says. Float32.
+
+    Raises:
+        RuntimeError: for a type other than the K-quants where the kernel is not built
+            (the K-quants fall back to :func:`q8k_linear_reference`).
+    """
+    if qtype in Q8K_TYPES:
+        return q8k_linear(x, raw, qtype)
+    lead, k = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, k).float()
+    out = x2.new_empty(x2.shape[0], raw.shape[0])
+    q8k_parts_linear(x2, Q8Parts([raw.contiguous()], [int(qtype)], [False]), out)
+    return out.reshape(*lead, raw.shape[0])
+
+
 @dataclass(frozen=True, slots=True)
 class Q8Parts:
-    """A layer's parts, ready for :func:`q8k_parts_linear` (built once at load): all
-    K-quants (against Q8_K activations), or all packed Q8_0 / Q4_0 (against Q8_0 ones)."""
+    """A layer's parts, ready for :func:`q8k_parts_linear` (built once at load), all of one
+    :func:`activation_rounding`: K-quants against Q8_K activations, Q8_0 / Q4_0 / Q5_0 /
+    MXFP4 against Q8_0 ones, Q4_1 / Q5_1 against Q8_1 ones."""
 
     weights: list[torch.Tensor]  # raw rows, or pack_tiles tiles where packed[i]
     qtypes: list[int]
@@ -136,7 +180,7 @@ class Q8Parts:
 
 def q8k_parts_linear(x: torch.Tensor, parts: Q8Parts, out: torch.Tensor) -> None:
     """``out = Q(x) @ [W_0; W_1; ...].T`` for float32 ``x [T, K]`` on CPU in one kernel call,
-    ``Q`` llama.cpp's activation rounding for the parts' types (Q8_K or Q8_0).
+    ``Q`` llama.cpp's activation rounding for the parts' types (Q8_K, Q8_0 or Q8_1).
 
     Raises:
         RuntimeError: if the kernel is unavailable (the caller built ``parts`` with it).

@@ -22,13 +22,13 @@ tensors in float64 and rounds the result once, for comparing implementations who
 float32 sums differ only in order.
 
 Activations (``--quant-option activations=...``): ``q8`` (the default on CPU) does
-llama.cpp's arithmetic for the K-quants: each activation row is rounded to Q8_K and
-multiplied in integers (:mod:`inference_engine_gguf.q8k_kernels`), so logits follow
+llama.cpp's arithmetic for the block types: each activation row is rounded to Q8_K
+(K-quants), Q8_0 (Q8_0, Q4_0, Q5_0, MXFP4) or Q8_1 (Q4_1, Q5_1) and multiplied in integers
+(:mod:`inference_engine_gguf.q8k_kernels`), so logits follow
 llama.cpp's on the same file, and decode is faster. ``float`` keeps activations in the
 compute dtype, so the result is the exact product with the dequantized weights (what
-transformers computes on them). Q8_0 and Q4_0 weights whose rows come in 16s also take
-llama.cpp's route in ``q8`` (Q8_0 activations); other block types, and other devices,
-always use float.
+transformers computes on them). Float types, other devices, and the 32-value block types
+where the C++ kernel is not built always use float.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ T = GGMLQuantizationType
 # Dense values one dequantized tile may hold (16 MiB of float32).
 TILE_VALUES = 1 << 22
 RAW_PREFIX = "gguf_raw"
-# ``activations`` values: llama.cpp's 8-bit activations for the K-quants, or float.
+# ``activations`` values: llama.cpp's 8-bit activations for the block types, or float.
 ACTIVATION_MODES = ("q8", "float")
 # ``accumulate`` values: float tensors multiplied in the compute dtype, or in float64.
 ACCUMULATE_MODES = ("default", "float64")
@@ -80,8 +80,8 @@ def tiled_linear(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType
                  accumulate: str = "default") -> torch.Tensor:
     """``x @ W.T`` for ``W`` = dequantize(raw), one tile of rows at a time.
 
-    With ``activations="q8"``, K-quant weights on CPU take llama.cpp's route
-    (:func:`inference_engine_gguf.q8k_kernels.q8k_linear`). Otherwise, on CPU in
+    With ``activations="q8"``, block-type weights on CPU take llama.cpp's route
+    (:func:`inference_engine_gguf.q8k_kernels.q8_linear`; K-quants also without the kernel). Otherwise, on CPU in
     float32, block types go to the fused C++ kernel of
     :mod:`inference_engine_gguf.cpu_kernels` when it is built; elsewhere (and for
     float types, other devices and dtypes) torch dequantizes a tile and
@@ -98,8 +98,10 @@ def tiled_linear(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType
     Returns:
         ``[T, N]`` in ``x.dtype``.
     """
-    if activations == "q8" and qtype in q8k_kernels.Q8K_TYPES and x.device.type == "cpu":
-        y = q8k_kernels.q8k_linear(x, raw, qtype).to(x.dtype)
+    if activations == "q8" and x.device.type == "cpu" and (
+            qtype in q8k_kernels.Q8K_TYPES
+            or (qtype in q8k_kernels.Q8_TYPES and q8k_kernels.kernel() is not None)):
+        y = q8k_kernels.q8_linear(x, raw, qtype).to(x.dtype)
         return y if out is None else out.copy_(y)
     if cpu_kernels.supports(x, raw, qtype) and cpu_kernels.kernel() is not None:
         y = cpu_kernels.ggml_linear(x, raw, qtype)
@@ -243,8 +245,8 @@ class GGUFMethod(QuantMethod):
         return True
 
     def _q8_parts(self, layer: nn.Module) -> q8k_kernels.Q8Parts | None:
-        """The one-call q8 form of a layer on CPU whose parts all take Q8_K activations
-        (K-quants) or all Q8_0 ones (packed Q8_0 / Q4_0), else None."""
+        """The one-call q8 form of a layer on CPU whose parts all take one activation
+        rounding (Q8_K, Q8_0 or Q8_1: :func:`q8k_kernels.activation_rounding`), else None."""
         segments = layer.gguf_segments
         weights = [_raw(layer, i) for i in range(len(segments))]
         return self._q8_form(weights, [seg.qtype for seg in segments], layer.gguf_packed)
@@ -254,9 +256,8 @@ class GGUFMethod(QuantMethod):
         if (self.activations != "q8" or weights[0].device.type != "cpu"
                 or q8k_kernels.kernel() is None):
             return None
-        q8k = all(t in q8k_kernels.Q8K_TYPES for t in qtypes)
-        q80 = all(t in q8k_kernels.Q80_TYPES for t in qtypes) and all(packed)
-        if not (q8k or q80):
+        roundings = {q8k_kernels.activation_rounding(t) for t in qtypes}
+        if len(roundings) != 1 or None in roundings:
             return None
         return q8k_kernels.Q8Parts(list(weights), [int(t) for t in qtypes], list(packed))
 
@@ -311,7 +312,7 @@ class GGUFMethod(QuantMethod):
         if segments is None:
             return F.linear(x, layer.weight, bias)
         q8_parts = getattr(layer, "gguf_q8_parts", None)
-        if q8_parts is not None:  # every part a K-quant, q8 on CPU: one kernel call
+        if q8_parts is not None:  # every part of one activation rounding, q8 on CPU: one call
             xf = x.float()
             y = xf.new_empty(xf.shape[0], layer.output_size)
             q8k_kernels.q8k_parts_linear(xf, q8_parts, y)

@@ -7,7 +7,8 @@ import torch
 from gguf import quants
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-__all__ = ["F16_FIELDS", "q80_matmul_reference", "q8k_matmul_reference", "quantize_q8_0_numpy",
+__all__ = ["F16_FIELDS", "block32_matmul_reference", "block32_quants_numpy", "q80_matmul_reference",
+           "q8k_matmul_reference", "quantize_q8_0_numpy", "quantize_q8_1_numpy",
            "quantize_q8_k_numpy", "random_ggml_rows"]
 
 T = GGMLQuantizationType
@@ -16,7 +17,7 @@ T = GGMLQuantizationType
 F16_FIELDS: dict[GGMLQuantizationType, list[tuple[int, int]]] = {
     T.Q4_0: [(0, 2)], T.Q4_1: [(0, 4)], T.Q5_0: [(0, 2)], T.Q5_1: [(0, 4)], T.Q8_0: [(0, 2)],
     T.Q2_K: [(80, 84)], T.Q3_K: [(108, 110)], T.Q4_K: [(0, 4)], T.Q5_K: [(0, 4)],
-    T.Q6_K: [(208, 210)],
+    T.Q6_K: [(208, 210)], T.IQ4_NL: [(0, 2)],
 }
 if hasattr(T, "MXFP4"):
     F16_FIELDS[T.MXFP4] = []  # the e8m0 exponent byte is valid for every value
@@ -105,3 +106,104 @@ def q80_matmul_reference(x: torch.Tensor, raw: torch.Tensor,
     acts = qs.astype(np.float64) * np.repeat(d.astype(np.float64), 32, axis=1)
     w = quants.dequantize(raw.numpy(), qtype).astype(np.float64)
     return torch.from_numpy(acts @ w.T), torch.from_numpy(np.abs(acts) @ np.abs(w).T)
+
+
+def quantize_q8_1_numpy(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """llama.cpp's x86 ``quantize_row_q8_1`` (the activations of Q4_1 / Q5_1 dot products):
+    :func:`quantize_q8_0_numpy`'s quants and fp16 ``d``, plus per block
+    ``s = fp16(dd * sum(quants))`` with ``dd = max|x| / 127`` in float32 (before fp16).
+
+    Returns:
+        ``(qs int8 [M, K], d float32 [M, K/32], s float32 [M, K/32])`` (d, s: fp16 values).
+    """
+    qs, d = quantize_q8_0_numpy(x)
+    m, k = x.shape
+    amax = np.abs(x.astype(np.float32).reshape(m, k // 32, 32)).max(axis=-1)
+    dd = (amax / np.float32(127.0)).astype(np.float32)
+    sums = qs.reshape(m, k // 32, 32).astype(np.int32).sum(-1).astype(np.float32)
+    s = (dd * sums).astype(np.float32).astype(np.float16).astype(np.float32)
+    return qs, d, s
+
+
+_MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int64)
+_IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10,
+                           1, 13, 25, 38, 53, 69, 89, 113], np.int64)
+
+
+def block32_quants_numpy(raw: np.ndarray, qtype: GGMLQuantizationType
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A 32-value block type's rows ``uint8 [N, row_bytes]`` as ggml's ``block_*`` structs
+    read: integer quants (the stored offset removed: ``q - 8`` for Q4_0, ``q - 16`` for Q5_0,
+    table values for MXFP4 / IQ4_NL), the scale ``d`` and the min ``m`` (0 where none), so
+    that a value is ``d * q + m``.
+
+    Returns:
+        ``(q int64 [N, K], d float32 [N, K/32], m float32 [N, K/32])``.
+    """
+    n = raw.shape[0]
+    _, type_size = GGML_QUANT_SIZES[qtype]
+    b = raw.reshape(n, -1, type_size)
+    nb = b.shape[1]
+
+    def f16(lo: int) -> np.ndarray:
+        return b[..., lo : lo + 2].copy().view(np.float16)[..., 0].astype(np.float32)
+
+    def nibbles(lo: int) -> np.ndarray:  # 16 bytes -> 32 values: low nibbles, then high
+        qs = b[..., lo : lo + 16].astype(np.int64)
+        return np.concatenate([qs & 0xF, qs >> 4], axis=-1)
+
+    def fifth_bits(lo: int) -> np.ndarray:  # qh: bit j is the fifth bit of value j
+        qh = b[..., lo : lo + 4].copy().view(np.uint32)[..., 0].astype(np.int64)
+        return ((qh[..., None] >> np.arange(32)) & 1) << 4
+
+    m = np.zeros((n, nb), np.float32)
+    if qtype == T.Q4_0:
+        d, q = f16(0), nibbles(2) - 8
+    elif qtype == T.Q4_1:
+        d, m, q = f16(0), f16(2), nibbles(4)
+    elif qtype == T.Q5_0:
+        d, q = f16(0), (nibbles(6) | fifth_bits(2)) - 16
+    elif qtype == T.Q5_1:
+        d, m, q = f16(0), f16(2), nibbles(8) | fifth_bits(4)
+    elif qtype == T.Q8_0:
+        d, q = f16(0), b[..., 2:34].view(np.int8).astype(np.int64)
+    elif qtype == T.IQ4_NL:
+        d, q = f16(0), _IQ4_NL_VALUES[nibbles(2)]
+    elif hasattr(T, "MXFP4") and qtype == T.MXFP4:
+        # ggml's E8M0_TO_FP32_HALF: 2^(e - 128).
+        d = np.ldexp(np.float32(1.0), b[..., 0].astype(np.int32) - 128).astype(np.float32)
+        q = _MXFP4_VALUES[nibbles(1)]
+    else:
+        raise ValueError(f"{qtype.name} is not a 32-value block type")
+    return q.reshape(n, nb * 32), d, m
+
+
+def block32_matmul_reference(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType,
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """llama.cpp's CPU matmul for a 32-value block type, stated plainly in float64: the
+    activations rounded as its ``vec_dot_type`` says (:func:`quantize_q8_0_numpy`, or
+    :func:`quantize_q8_1_numpy` for Q4_1 / Q5_1), then per block
+    ``d_w * d_a * sum(q_w * q_a)`` plus ``m_w * s_a`` (``ggml_vec_dot_*_q8_*``).
+
+    Returns:
+        ``(result [M, N], sum over blocks of |terms|)``: the second scales error bounds.
+    """
+    xs = x.detach().float().numpy()
+    m_rows, k = xs.shape
+    if qtype in (T.Q4_1, T.Q5_1):
+        qa, da, sa = quantize_q8_1_numpy(xs)
+    else:
+        qa, da = quantize_q8_0_numpy(xs)
+        sa = np.zeros_like(da)
+    qw, dw, mw = block32_quants_numpy(raw.numpy(), qtype)
+    nb = k // 32
+    # [M, N, nb] integer block sums, exactly (int64).
+    isums = np.einsum("mbj,nbj->mnb", qa.reshape(m_rows, nb, 32).astype(np.int64),
+                      qw.reshape(-1, nb, 32))
+    scale = da.astype(np.float64)[:, None, :] * dw.astype(np.float64)[None, :, :]
+    mins = sa.astype(np.float64)[:, None, :] * mw.astype(np.float64)[None, :, :]
+    terms = scale * isums + mins
+    bound = (np.abs(scale) * np.einsum("mbj,nbj->mnb", np.abs(qa.reshape(m_rows, nb, 32))
+                                       .astype(np.int64), np.abs(qw.reshape(-1, nb, 32)))
+             + np.abs(mins))
+    return torch.from_numpy(terms.sum(-1)), torch.from_numpy(bound.sum(-1))

@@ -1,5 +1,6 @@
-// K-quant x Q8_K and Q8_0 / Q4_0 x Q8_0 matmuls in llama.cpp's integer arithmetic
-// (inference_engine_gguf.q8k_kernels).
+// Block-type matmuls in llama.cpp's integer arithmetic (inference_engine_gguf.q8k_kernels):
+// K-quants x Q8_K, packed Q8_0 / Q4_0 tiles x Q8_0, and the 32-value block types' raw rows x
+// Q8_0 / Q8_1 (q8_block32.h).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
@@ -13,6 +14,7 @@
 
 #include "ggml_helpers.h"
 #include "ie_parallel_tasks.h"
+#include "q8_block32.h"
 
 namespace {
 
@@ -865,32 +867,74 @@ void q80_packed_matmul_into(torch::Tensor qs, torch::Tensor d, torch::Tensor sum
 #endif
 }
 
-// out [M, sum of parts' N] = x . each part into consecutive columns, one call per layer:
-// K-quant parts (raw rows, or packed tiles where packed[i]) against Q8_K(x), or packed
-// Q8_0 / Q4_0 parts against Q8_0(x); x quantized once.
+// x [M, K] float32 (rows contiguous) -> (qs int8 [M, K], d float32 [M, K/32], s float32
+// [M, K/32]): llama.cpp's x86 quantize_row_q8_1 on each row (d, s: their fp16 values).
+std::vector<torch::Tensor> quantize_q8_1(torch::Tensor x) {
+  return quantize_rows<float>(x, 32, 32, ie_block32::quantize_row_q8_1);
+}
+
+// out [M, N] float32 (unit column stride) = Q8_0 / Q8_1 activations (qs, d, and s for
+// Q8_1, else undefined) . raw rows [N, row_bytes] of a 32-value block type.
+void block32_matmul_into(const torch::Tensor& qs, const torch::Tensor& d, const torch::Tensor& s,
+                         const torch::Tensor& raw, int64_t qtype, torch::Tensor& out) {
+  TORCH_CHECK(raw.dim() == 2 && raw.scalar_type() == torch::kUInt8 && raw.is_contiguous());
+  const int64_t m = qs.size(0), k = qs.size(1), n = raw.size(0);
+  TORCH_CHECK(raw.size(1) == k / 32 * ie_block32::type_size(qtype), "row bytes do not match K");
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == m && out.size(1) == n && out.stride(1) == 1 &&
+              out.scalar_type() == torch::kFloat32, "out: float32 [M, N], unit column stride");
+  if (m == 0 || n == 0) return;
+  ie_block32::matmul_into(qs.data_ptr<int8_t>(), d.data_ptr<float>(),
+                          s.defined() ? s.data_ptr<float>() : nullptr, m, k,
+                          raw.data_ptr<uint8_t>(), n, qtype, out.data_ptr<float>(),
+                          out.stride(0));
+}
+
+namespace {
+
+// Which activation rounding llama.cpp gives a weight type: Q8_K (K-quants), Q8_0 or Q8_1.
+enum class ActKind { Q8K, Q8_0, Q8_1 };
+
+ActKind act_kind(int64_t qtype) {
+  if (qtype >= 10 && qtype <= 14) return ActKind::Q8K;
+  switch (ie_block32::acts_for(qtype)) {
+    case ie_block32::Acts::Q8_0: return ActKind::Q8_0;
+    case ie_block32::Acts::Q8_1: return ActKind::Q8_1;
+    default: TORCH_CHECK(false, "GGML type ", qtype, " has no 8-bit activation dot product");
+  }
+  return ActKind::Q8K;
+}
+
+}  // namespace
+
+// out [M, sum of parts' N] = x . each part into consecutive columns, one call per layer,
+// x quantized once as llama.cpp does for the parts' type (all parts must share it):
+// K-quant parts (raw rows, or packed tiles where packed[i]) against Q8_K(x); Q8_0, Q4_0
+// (raw or packed), Q5_0, MXFP4, IQ4_NL against Q8_0(x); Q4_1, Q5_1 against Q8_1(x).
 void q8k_parts_into(torch::Tensor x, std::vector<torch::Tensor> weights,
                     std::vector<int64_t> qtypes, std::vector<bool> packed, torch::Tensor out) {
   TORCH_CHECK(weights.size() == qtypes.size() && weights.size() == packed.size());
-  if (!qtypes.empty() && (qtypes[0] == 8 || qtypes[0] == 2)) {
-    auto q = quantize_q8_0(x);
-    int64_t col = 0;
-    for (size_t i = 0; i < weights.size(); ++i) {
-      TORCH_CHECK(packed[i] && (qtypes[i] == 8 || qtypes[i] == 2), "mixed activation types");
-      const int64_t n = weights[i].size(0) * 16;
-      auto cols = weights.size() == 1 ? out : out.narrow(1, col, n);
-      q80_packed_matmul_into(q[0], q[1], q[2], weights[i], qtypes[i], cols);
-      col += n;
-    }
-    TORCH_CHECK(col == out.size(1), "the parts' rows do not add up to out's columns");
-    return;
-  }
-  auto q = quantize_q8k(x);
+  TORCH_CHECK(!qtypes.empty(), "no parts");
+  const ActKind kind = act_kind(qtypes[0]);
+  for (int64_t t : qtypes)
+    TORCH_CHECK(act_kind(t) == kind, "parts of types ", qtypes[0], " and ", t,
+                " take different activation roundings (mixed activation types)");
+  std::vector<torch::Tensor> q;
+  if (kind == ActKind::Q8K) q = quantize_q8k(x);
+  else if (kind == ActKind::Q8_0) q = quantize_q8_0(x);
+  else q = quantize_q8_1(x);
   int64_t col = 0;
   for (size_t i = 0; i < weights.size(); ++i) {
     const int64_t n = packed[i] ? weights[i].size(0) * 16 : weights[i].size(0);
     auto cols = weights.size() == 1 ? out : out.narrow(1, col, n);
-    if (packed[i]) q8k_packed_matmul_into(q[0], q[1], q[2], weights[i], qtypes[i], cols);
-    else q8k_matmul_into(q[0], q[1], q[2], weights[i], qtypes[i], cols);
+    if (kind == ActKind::Q8K) {
+      if (packed[i]) q8k_packed_matmul_into(q[0], q[1], q[2], weights[i], qtypes[i], cols);
+      else q8k_matmul_into(q[0], q[1], q[2], weights[i], qtypes[i], cols);
+    } else if (packed[i]) {
+      q80_packed_matmul_into(q[0], q[1], q[2], weights[i], qtypes[i], cols);
+    } else {
+      block32_matmul_into(q[0], q[1], kind == ActKind::Q8_1 ? q[2] : torch::Tensor(),
+                          weights[i], qtypes[i], cols);
+    }
     col += n;
   }
   TORCH_CHECK(col == out.size(1), "the parts' rows do not add up to out's columns");
@@ -907,6 +951,7 @@ torch::Tensor ggml_linear_q8k(torch::Tensor x, torch::Tensor raw, int64_t qtype)
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantize_q8k", torch::wrap_pybind_function(quantize_q8k), "quantize_q8k");
   m.def("quantize_q8_0", torch::wrap_pybind_function(quantize_q8_0), "quantize_q8_0");
+  m.def("quantize_q8_1", torch::wrap_pybind_function(quantize_q8_1), "quantize_q8_1");
   m.def("ggml_linear_q8k", torch::wrap_pybind_function(ggml_linear_q8k), "ggml_linear_q8k");
   m.def("q8k_parts_into", torch::wrap_pybind_function(q8k_parts_into), "q8k_parts_into");
   m.def("packed_available", torch::wrap_pybind_function(packed_available), "packed_available");
