@@ -63,6 +63,18 @@ def test_minimax_removes_think_end_after_an_implicit_end_and_after_calls():
         "done", [("get_time", {})], reasoning="r")
 
 
+def test_minimax_keeps_think_end_inside_a_tool_call_wrapper():
+    text = ('r</think>A</think><minimax:tool_call><invoke name="get_weather">'
+            '<parameter name="city">x</think>y</parameter></invoke>'
+            "</minimax:tool_call>B</think>C")
+    assert parse(text, "minimax_m2", "minimax_m2") == result(
+        "ABC", [("get_weather", {"city": "x</think>y"})], reasoning="r")
+    # without a tool parser the wrapper is plain content, kept as written
+    assert parse("r</think><minimax:tool_call></think></minimax:tool_call></think>",
+                 None, "minimax_m2") == \
+        result("<minimax:tool_call></think></minimax:tool_call>", reasoning="r")
+
+
 def test_other_families_keep_a_later_think_end_in_content():
     assert parse("r</think>A</think>B", None, "qwen3") == result("A</think>B", reasoning="r")
     assert parse("r</think>A</think>B", None, "minimax_m2_append_think") == \

@@ -107,6 +107,10 @@ CORPUS: dict[str, list[tuple[str | None, bool | None, str, bool]]] = {
         ("minimax_m2", None, "r</think>A</think>B</think></think>C<minimax:tool_call><invoke "
                              'name="get_time"></invoke></minimax:tool_call></think>D', True),
         ("minimax_m2", None, "r</think>A</thi</think>nk>B<think></think</think>", False),
+        # ...except inside a tool-call wrapper, where it is data
+        ("minimax_m2", None, 'r</think>A</think>B<minimax:tool_call><invoke name="get_weather">'
+                             '<parameter name="city">x</think>y</parameter></invoke>'
+                             "</minimax:tool_call></think>C", True),
     ],
     "nemotron_v2": [
         ("deepseek_r1", None, 'R</think><TOOLCALL>[{"name": "get_weather", "arguments": '

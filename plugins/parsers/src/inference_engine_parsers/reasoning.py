@@ -33,44 +33,56 @@ class Glm45ReasoningParser(ThinkReasoningParser):
     """GLM-4.5/4.6/4.7, GLM-5; thinking on by default (``thinking`` or ``enable_thinking``)."""
 
 
-_THINK_END = MarkerSet(["</think>"])
+# Outside a tool-call wrapper: "</think>" is removed, the opener switches to inside.
+_OUTSIDE_CALL = MarkerSet(["</think>", "<minimax:tool_call>"])
+# Inside a tool-call wrapper: text is kept as written up to the closer.
+_INSIDE_CALL = MarkerSet(["</minimax:tool_call>"])
 
 
 class MiniMaxM2ReasoningParser(ThinkReasoningParser):
     """MiniMax-M2 (writes only ``</think>``) and M2.5 (writes both); always thinking.
 
     Every ``</think>`` after the one that ends reasoning is removed from
-    content (``r</think>A</think>B`` gives content ``AB``), as vLLM's MiniMax-M2
-    parser does. The filter scans left to right like a whole-text scan and
-    holds a tail that could still become ``</think>``, so chunking does not
-    change the result.
+    content (``r</think>A</think>B`` gives content ``AB``), except inside a
+    ``<minimax:tool_call>`` wrapper, where it is data of the calls; that is
+    how vLLM's MiniMax-M2 parser treats it. The filter scans left to right
+    like a whole-text scan and holds a tail that could still become a marker,
+    so chunking does not change the result.
     """
 
     is_always_thinking = True
 
     def __init__(self, tokenizer: Any = None, enable_thinking: bool | None = None) -> None:
         super().__init__(tokenizer, enable_thinking)
-        # Content tail that could be the start of a "</think>" (after the last one removed).
-        self._partial_end = ""
+        # Content tail that could still become a marker of the current state.
+        self._partial_marker = ""
+        self._is_inside_call = False
 
     def emit_content(self, text: str) -> None:
-        """Send content with every ``</think>`` removed."""
-        buf = self._partial_end + text
+        """Send content with every ``</think>`` outside tool-call wrappers removed."""
+        buf = self._partial_marker + text
         start = 0
-        while (hit := _THINK_END.search(buf, start)) is not None:
+        while True:
+            markers = _INSIDE_CALL if self._is_inside_call else _OUTSIDE_CALL
+            hit = markers.search(buf, start)
+            if hit is None:
+                break
             pos, marker = hit
-            if pos > start:
-                super().emit_content(buf[start:pos])
+            keep_to = pos if marker == "</think>" else pos + len(marker)
+            if keep_to > start:
+                super().emit_content(buf[start:keep_to])
             start = pos + len(marker)
-        end = len(buf) - _THINK_END.held(buf, start)
+            if marker != "</think>":
+                self._is_inside_call = not self._is_inside_call
+        end = len(buf) - markers.held(buf, start)
         if end > start:
             super().emit_content(buf[start:end])
-        self._partial_end = buf[end:]
+        self._partial_marker = buf[end:]
 
     def grammar(self, r: Reader) -> Step:
-        """The base split; at end of stream a held partial ``</think>`` is plain content."""
+        """The base split; at end of stream a held partial marker is plain content."""
         yield from super().grammar(r)
-        held, self._partial_end = self._partial_end, ""
+        held, self._partial_marker = self._partial_marker, ""
         if held:
             super().emit_content(held)
         return None
