@@ -13,14 +13,13 @@ import jsonschema
 import pytest
 import torch
 import xgrammar
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
 from inference_engine import SamplingParams
 from inference_engine.sampling.processors import apply_token_bitmask_
 from inference_engine.sampling_params import StructuredOutputsParams
 from inference_engine.structured_output.compiler import json_schema_ebnf
 from inference_engine.structured_output.random_schemas import random_schema
 from inference_engine.testing import cpu_llm, make_tiny_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 PROMPTS = ["hello", "The quick brown fox", "a b c", "Paged attention"]
 SCHEMA = {"type": "object",

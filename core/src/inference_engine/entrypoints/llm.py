@@ -12,7 +12,7 @@ from inference_engine.engine.llm_engine import LLMEngine, PromptInput
 from inference_engine.outputs import RequestOutput
 from inference_engine.sampling_params import SamplingParams
 
-__all__ = ["LLM"]
+__all__ = ["LLM", "apply_chat_template", "truncate_prompt"]
 
 
 class LLM:
@@ -52,6 +52,8 @@ class LLM:
                     f"got {len(params_list)} SamplingParams for {len(prompts)} prompts"
                 )
         engine = self.engine
+        prompts = [truncate_prompt(engine, prompt, params.truncate_prompt_tokens)
+                   for prompt, params in zip(prompts, params_list, strict=True)]
         base = f"llm-{id(self)}-{engine.num_unfinished_requests()}-"
         ids = []
         try:
@@ -80,12 +82,15 @@ class LLM:
         chat_template_kwargs: dict[str, Any] | None = None,
         add_generation_prompt: bool = True,
         use_tqdm: bool | None = None,
+        chat_template: str | None = None,
     ) -> list[RequestOutput]:
-        """Apply the tokenizer's chat template to each conversation and generate."""
+        """Apply the chat template (the tokenizer's, or ``chat_template``: a Jinja text) to
+        each conversation and generate."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         prompts = [
             {"prompt_token_ids": apply_chat_template(self.engine.tokenizer, conv, tools,
-                                                     add_generation_prompt, chat_template_kwargs)}
+                                                     add_generation_prompt, chat_template_kwargs,
+                                                     chat_template)}
             for conv in conversations
         ]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
@@ -97,19 +102,33 @@ def apply_chat_template(
     tools: list[dict[str, Any]] | None = None,
     add_generation_prompt: bool = True,
     chat_template_kwargs: dict[str, Any] | None = None,
+    chat_template: str | None = None,
 ) -> list[int]:
-    """Token ids of a conversation rendered by the tokenizer's chat template.
+    """Token ids of a conversation rendered by ``chat_template`` (a Jinja text) or else
+    the tokenizer's chat template.
 
     Raises:
-        ValueError: the tokenizer has no chat template.
+        ValueError: no template given and the tokenizer has none.
     """
-    if not getattr(tokenizer, "chat_template", None):
+    if chat_template is None and not getattr(tokenizer, "chat_template", None):
         raise ValueError("the tokenizer has no chat_template; pass a plain prompt instead")
     text = tokenizer.apply_chat_template(
         messages,
         tools=tools,
         add_generation_prompt=add_generation_prompt,
         tokenize=False,
+        chat_template=chat_template,
         **(chat_template_kwargs or {}),
     )
     return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def truncate_prompt(engine: LLMEngine, prompt: PromptInput, keep: int | None) -> PromptInput:
+    """``prompt`` cut to its last ``keep`` tokens (vLLM's ``truncate_prompt_tokens``; -1:
+    as many as leave room for one output token); unchanged when ``keep`` is None."""
+    if keep is None:
+        return prompt
+    _, token_ids = engine.tokenize_prompt(prompt)
+    if keep == -1:
+        keep = engine.max_model_len - 1
+    return {"prompt_token_ids": token_ids[-keep:]}

@@ -30,8 +30,8 @@ from inference_engine.sampling.logprobs import Logprob, TokenDecoder, logprobs_t
 from inference_engine.sampling.processors import (
     NEG_INF,
     apply_penalties_,
-    apply_token_bitmask_,
     apply_temperature_,
+    apply_token_bitmask_,
     apply_top_k_top_p_min_p,
 )
 
