@@ -266,7 +266,8 @@ def serve(
     platform: Annotated[Optional[str], typer.Option(help="Force a platform by name.")] = None,
     seed: Annotated[int, typer.Option(help="Base seed for unseeded requests.")] = 0,
     shutdown_timeout: Annotated[float, typer.Option(
-        min=0.0, help="Seconds in-flight requests get after SIGINT/SIGTERM.")] = 30.0,
+        min=0.0, help="Seconds in-flight requests get after SIGINT/SIGTERM before they are "
+             "aborted (0: abort at once).")] = 30.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API (uvicorn)."""

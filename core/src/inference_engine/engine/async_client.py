@@ -14,7 +14,6 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from inference_engine.config import EngineConfig
@@ -31,18 +30,45 @@ class EngineDeadError(RuntimeError):
     """The engine thread stopped; no request can be served."""
 
 
-@dataclass
 class _Stream:
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[RequestOutput | BaseException]
+    """One request's outputs on their way to its event loop, holding at most one.
+
+    Outputs are cumulative (each holds all text and tokens so far), so an unread
+    output is replaced by the next: a client that reads slowly costs one pending
+    output, not one per step (backpressure without stalling the engine). An
+    exception or the finished output is never replaced.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._pending: RequestOutput | BaseException | None = None
+        self._ready = asyncio.Event()
+
+    def offer(self, item: RequestOutput | BaseException) -> None:
+        """Hand over ``item`` (on the stream's loop)."""
+        pending = self._pending
+        if isinstance(pending, BaseException) or (isinstance(pending, RequestOutput)
+                                                  and pending.finished):
+            return
+        self._pending = item
+        self._ready.set()
 
     def put(self, item: RequestOutput | BaseException) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        """Hand over ``item`` from another thread."""
+        self.loop.call_soon_threadsafe(self.offer, item)
+
+    async def get(self) -> RequestOutput | BaseException:
+        """The latest output (or error) not yet taken; waits for one."""
+        while self._pending is None:
+            self._ready.clear()
+            await self._ready.wait()
+        item, self._pending = self._pending, None
+        return item
 
 
-def _deliver(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
-    for queue_, item in items:
-        queue_.put_nowait(item)
+def _deliver(items: list[tuple[_Stream, Any]]) -> None:
+    for stream, item in items:
+        stream.offer(item)
 
 
 class AsyncLLM:
@@ -113,12 +139,12 @@ class AsyncLLM:
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         # One wake-up per event loop per step, not one per request.
-        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], Any]]] = {}
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, Any]]] = {}
         for output in outputs:
             stream = self._streams.get(output.request_id)
             if stream is None:
                 continue
-            batches.setdefault(stream.loop, []).append((stream.queue, output))
+            batches.setdefault(stream.loop, []).append((stream, output))
             if output.finished:
                 del self._streams[output.request_id]
         for loop, items in batches.items():
@@ -149,7 +175,7 @@ class AsyncLLM:
         iteration early aborts the request, never starting it does not.
         """
         rid = request_id if request_id is not None else f"async-{next(self._ids)}"
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        stream = _Stream(asyncio.get_running_loop())
 
         def add() -> str:
             if rid in self._streams:
@@ -165,7 +191,7 @@ class AsyncLLM:
         finished = False
         try:
             while True:
-                item = await stream.queue.get()
+                item = await stream.get()
                 if isinstance(item, BaseException):
                     raise item
                 finished = item.finished
@@ -182,7 +208,9 @@ class AsyncLLM:
         sampling_params: SamplingParams | None = None,
         request_id: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Yield the request's output after every step that changed it; the last is finished.
+        """Yield the request's latest output whenever it changed; the last is finished.
+
+        Outputs are cumulative: one a slow reader did not take is replaced by the next.
 
         Leaving the iteration early (a client that went away) aborts the request.
         """

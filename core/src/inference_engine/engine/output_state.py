@@ -9,12 +9,48 @@ string, logprobs and an error to report.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from inference_engine.engine.request import Request
 
-__all__ = ["RequestGroup", "SequenceState"]
+__all__ = ["RequestGroup", "SequenceState", "StopPrefixes"]
+
+
+class StopPrefixes:
+    """How much of each stop string the text ends with, kept up to date as the text grows.
+
+    A stream holds back the longest such tail (it may yet become a stop string).
+    Recomputing it from scratch costs up to a stop's length squared per step;
+    kept incrementally it costs about the new characters per stop: if the text
+    ends with ``stop[:k]`` after ``d`` new characters, the text before them ended
+    with ``stop[:k - d]``, so ``k`` is at most the previous length plus ``d``.
+    """
+
+    def __init__(self, stop_strings: Sequence[str]) -> None:
+        self.stop_strings = tuple(stop_strings)
+        # Per stop string: the longest proper prefix the text ends with.
+        self.lengths = [0] * len(self.stop_strings)
+        self.scanned = 0
+
+    def holdback(self, text: str) -> int:
+        """Trailing characters of ``text`` that are the start of some stop string.
+
+        ``text`` must extend the text of the previous call (output text only grows).
+        """
+        new = len(text) - self.scanned
+        if new < 0:  # not an extension: start over
+            self.lengths = [0] * len(self.stop_strings)
+            new = len(text)
+        if new:
+            for i, stop in enumerate(self.stop_strings):
+                k = min(self.lengths[i] + new, len(stop) - 1, len(text))
+                while k > 0 and not text.endswith(stop[:k]):
+                    k -= 1
+                self.lengths[i] = k
+            self.scanned = len(text)
+        return max(self.lengths, default=0)
 
 
 @dataclass(eq=False)
@@ -36,10 +72,18 @@ class SequenceState:
     logprobs: list[dict[int, Any]] | None = None
     # Per prompt token (None first), when the request asked for prompt_logprobs.
     prompt_logprobs: list[dict[int, Any] | None] | None = None
+    # Stop-string tails of the text, when the request has stop strings.
+    stop_prefixes: StopPrefixes | None = None
 
     def __post_init__(self) -> None:
         if self.request.params.logprobs is not None and self.logprobs is None:
             self.logprobs = []
+        if self.request.params.stop and self.stop_prefixes is None:
+            self.stop_prefixes = StopPrefixes(self.request.params.stop)
+
+    def stop_holdback(self, text: str) -> int:
+        """Characters at the end of ``text`` (this sequence's growing text) a stream holds back."""
+        return self.stop_prefixes.holdback(text) if self.stop_prefixes is not None else 0
 
 
 @dataclass(eq=False)

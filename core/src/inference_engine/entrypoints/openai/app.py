@@ -21,6 +21,7 @@ from inference_engine.entrypoints.openai.chat import create_chat_completion, ren
 from inference_engine.entrypoints.openai.completions import create_completion
 from inference_engine.entrypoints.openai.errors import (
     APIError,
+    InternalErrorMiddleware,
     JSONResponse,
     error_response,
     from_api_error,
@@ -42,10 +43,6 @@ from inference_engine.entrypoints.openai.serving import ModelServing
 __all__ = ["build_app", "make_parser_factory"]
 
 logger = logging.getLogger(__name__)
-
-# Request bodies above this are refused (413) before parsing.
-MAX_BODY_BYTES = 64 << 20
-
 
 def make_parser_factory(config: ServerConfig, architecture: str, model_name: str) -> Any:
     """The :class:`PipelineFactory` for the server's parser flags, or None.
@@ -72,17 +69,39 @@ def make_parser_factory(config: ServerConfig, architecture: str, model_name: str
     return PipelineFactory(tool, reasoning, config.tool_call_streaming)
 
 
-async def read_json(request: Request) -> Any:
-    """The decoded JSON body; a 400 naming the problem if it is not JSON."""
-    body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
-        raise APIError(f"the request body is larger than {MAX_BODY_BYTES} bytes", status=413)
+async def read_body(request: Request, limit: int) -> bytes:
+    """The raw body; 413 as soon as it passes ``limit`` bytes (the rest is never read)."""
+    length = request.headers.get("content-length", "")
+    too_large = APIError(f"the request body is larger than {limit} bytes", status=413)
+    if length.isdigit() and int(length) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def decode_json(body: bytes) -> Any:
+    """The decoded JSON body; a 400 naming the problem if it is empty or not JSON."""
     if not body.strip():
         raise APIError("the request body is empty; send a JSON object")
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise APIError(f"the request body is not valid JSON: {exc}") from None
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    return decode_json(await read_body(request, limit))
+
+
+def _body_schema(model_cls: type[Any]) -> dict[str, Any]:
+    """OpenAPI ``requestBody`` for a route that parses its body itself (for clients, fuzzers)."""
+    return {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": model_cls.model_json_schema()}}}}
 
 
 def build_app(engine: AsyncLLM, config: ServerConfig, parsers: Any = None,
@@ -98,10 +117,12 @@ def build_app(engine: AsyncLLM, config: ServerConfig, parsers: Any = None,
     names = config.served_model_names or [engine.engine.config.model.model]
     metrics = ServerMetrics(names[0])
     serving = ModelServing(engine, names, metrics, parsers, config.enable_auto_tool_choice)
+    limit = serving.max_body_bytes
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
+        serving.close()
         if shutdown_engine and engine.is_running:
             with contextlib.suppress(Exception):
                 aborted = await engine.abort_all()
@@ -125,11 +146,6 @@ def build_app(engine: AsyncLLM, config: ServerConfig, parsers: Any = None,
     async def _dead(_request: Request, exc: EngineDeadError) -> Response:
         return error_response(str(exc), 503)
 
-    @app.exception_handler(Exception)
-    async def _internal(_request: Request, exc: Exception) -> Response:
-        logger.exception("unhandled error")
-        return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
-
     # ---- OpenAI ---------------------------------------------------------------
     @app.get("/v1/models")
     async def list_models() -> Response:
@@ -138,43 +154,45 @@ def build_app(engine: AsyncLLM, config: ServerConfig, parsers: Any = None,
                  "max_model_len": serving.max_model_len} for name in names]
         return JSONResponse({"object": "list", "data": data})
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
     async def completions(request: Request) -> Response:
-        body = parse_body(CompletionRequest, await read_json(request))
+        body = parse_body(CompletionRequest, await read_json(request, limit))
         return await create_completion(serving, body, request)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
-        body = parse_body(ChatCompletionRequest, await read_json(request))
+        body = parse_body(ChatCompletionRequest, await read_json(request, limit))
         return await create_chat_completion(serving, body, request)
 
     # ---- tokenizer --------------------------------------------------------------
-    @app.post("/tokenize")
+    @app.post("/tokenize", openapi_extra=_body_schema(TokenizeRequest))
     async def tokenize(request: Request) -> Response:
-        body = parse_body(TokenizeRequest, await read_json(request))
+        body = parse_body(TokenizeRequest, await read_json(request, limit))
         serving.check_model(body.model)
         if (body.prompt is None) == (body.messages is None):
             raise APIError("give exactly one of prompt or messages")
         if body.prompt is not None:
-            ids = serving.encode(body.prompt, body.add_special_tokens)
+            ids = await serving.encode(body.prompt, body.add_special_tokens)
         else:
-            ids = render_chat(serving, normalize_messages(body.messages), body.tools,
+            ids = await render_chat(serving, normalize_messages(body.messages), body.tools,
                               body.add_generation_prompt, body.chat_template_kwargs)
         out: dict[str, Any] = {"count": len(ids), "max_model_len": serving.max_model_len,
                                "tokens": ids}
         if body.return_token_strs:
-            out["token_strs"] = serving.tokenizer.convert_ids_to_tokens(ids)
+            out["token_strs"] = await serving.off_loop(serving.tokenizer.convert_ids_to_tokens,
+                                                       ids)
         return JSONResponse(out)
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", openapi_extra=_body_schema(DetokenizeRequest))
     async def detokenize(request: Request) -> Response:
-        body = parse_body(DetokenizeRequest, await read_json(request))
+        body = parse_body(DetokenizeRequest, await read_json(request, limit))
         serving.check_model(body.model)
         bad = [t for t in body.tokens if not 0 <= t < serving.vocab_size]
         if bad:
             raise APIError(f"token ids outside the vocabulary [0, {serving.vocab_size}): "
                            f"{bad[:8]}", param="tokens")
-        return JSONResponse({"prompt": serving.tokenizer.decode(body.tokens)})
+        return JSONResponse({"prompt": await serving.off_loop(serving.tokenizer.decode,
+                                                              body.tokens)})
 
     # ---- engine control -----------------------------------------------------------
     @app.post("/pause")
@@ -191,11 +209,11 @@ def build_app(engine: AsyncLLM, config: ServerConfig, parsers: Any = None,
     async def is_paused() -> Response:
         return JSONResponse({"is_paused": await engine.is_paused()})
 
-    @app.post("/abort_requests")
+    @app.post("/abort_requests", openapi_extra={
+        "requestBody": {**_body_schema(AbortRequest)["requestBody"], "required": False}})
     async def abort_requests(request: Request) -> Response:
-        raw = await request.body()
-        body = parse_body(AbortRequest, await read_json(request)) if raw.strip() \
-            else AbortRequest()
+        raw = await read_body(request, limit)
+        body = parse_body(AbortRequest, decode_json(raw)) if raw.strip() else AbortRequest()
         if body.request_ids is None:
             aborted = await engine.abort_all()
         else:
@@ -208,7 +226,7 @@ def build_app(engine: AsyncLLM, config: ServerConfig, parsers: Any = None,
         return JSONResponse({"aborted": aborted})
 
     # ---- operations -----------------------------------------------------------------
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
         if engine.is_running:
             return JSONResponse({"status": "ok"})
@@ -224,6 +242,8 @@ def build_app(engine: AsyncLLM, config: ServerConfig, parsers: Any = None,
         return Response(metrics.render(stats),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    # Added first so it is innermost: its 500s pass through auth and CORS like any answer.
+    app.add_middleware(InternalErrorMiddleware)
     if config.auth_enabled:
         app.add_middleware(APIKeyMiddleware, api_keys=config.api_keys)
     if config.enable_cors:

@@ -35,17 +35,35 @@ from inference_engine.parsing import ParserPipeline, thinking_from_kwargs, to_op
 __all__ = ["create_chat_completion", "render_chat"]
 
 
-def render_chat(serving: ModelServing, messages: list[dict[str, Any]],
-                tools: list[dict[str, Any]] | None, add_generation_prompt: bool,
-                chat_template_kwargs: dict[str, Any] | None,
-                continue_final_message: bool = False) -> list[int]:
-    """Prompt token ids of a conversation; template problems become a 400."""
+# apply_chat_template's own arguments: set by the server, not through chat_template_kwargs
+# (a client template is code run on the server; the rest would collide or change the output).
+_RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
+
+
+async def render_chat(serving: ModelServing, messages: list[dict[str, Any]],
+                      tools: list[dict[str, Any]] | None, add_generation_prompt: bool,
+                      chat_template_kwargs: dict[str, Any] | None,
+                      continue_final_message: bool = False) -> list[int]:
+    """Prompt token ids of a conversation, rendered off the event loop.
+
+    Raises:
+        APIError: a reserved template kwarg, text too long to fit, or a template failure.
+    """
     kwargs = dict(chat_template_kwargs or {})
+    reserved = sorted(_RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
+    if reserved:
+        raise APIError(f"chat_template_kwargs may not set {', '.join(reserved)}",
+                       param="chat_template_kwargs")
     if continue_final_message:
         kwargs["continue_final_message"] = True
+    serving.check_text_length(sum(len(m["content"]) for m in messages
+                                  if isinstance(m.get("content"), str)), "messages")
     try:
-        return apply_chat_template(serving.tokenizer, messages, tools, add_generation_prompt,
-                                   kwargs)
+        return await serving.off_loop(apply_chat_template, serving.tokenizer, messages, tools,
+                                      add_generation_prompt, kwargs)
     except APIError:
         raise
     except Exception as exc:  # jinja errors, raise_exception() in templates, bad kwargs
@@ -81,7 +99,7 @@ async def create_chat_completion(serving: ModelServing, body: ChatCompletionRequ
     serving.check_model(body.model)
     messages = body.template_messages()
     tool_choice = _tool_choice(serving, body)
-    prompt_ids = render_chat(serving, messages, body.tools, body.add_generation_prompt,
+    prompt_ids = await render_chat(serving, messages, body.tools, body.add_generation_prompt,
                              body.chat_template_kwargs, body.continue_final_message)
     serving.check_prompt(prompt_ids)
     top_n = (body.top_logprobs or 0) if body.logprobs else None

@@ -51,7 +51,7 @@ async def create_completion(serving: ModelServing, body: CompletionRequest,
     requests = []
     for i, prompt in enumerate(prompts):
         if isinstance(prompt, str):
-            text, ids = prompt, serving.encode(prompt)
+            text, ids = prompt, await serving.encode(prompt)
         else:
             text, ids = None, list(prompt)
         serving.check_prompt(ids)

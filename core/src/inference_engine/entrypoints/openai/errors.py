@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from http import HTTPStatus
 from typing import Any
 
 import orjson
 from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["APIError", "JSONResponse", "error_body", "error_response"]
+__all__ = ["APIError", "InternalErrorMiddleware", "JSONResponse", "error_body",
+           "error_response"]
+
+logger = logging.getLogger(__name__)
 
 _TYPES = {
     400: "invalid_request_error",
@@ -71,3 +76,38 @@ def status_phrase(status: int) -> str:
         return HTTPStatus(status).phrase
     except ValueError:
         return "error"
+
+
+class InternalErrorMiddleware:
+    """Turns an unhandled exception into a 500 in the OpenAI shape, inside auth and CORS.
+
+    Starlette's own last-resort handler sits outside every middleware (no CORS
+    headers) and re-raises, so the server drops the keep-alive connection
+    without saying ``Connection: close``; this one answers like any other
+    error. The message names the exception type only: details go to the log.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            logger.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
+            if started:  # headers are out: nothing well-formed can be sent any more
+                raise
+            response = error_response(f"internal error ({type(exc).__name__}); the server log "
+                                      "has the details", 500)
+            await response(scope, receive, send)

@@ -29,6 +29,12 @@ __all__ = [
 MAX_LOGPROBS = 20
 # The most samples one request may ask for.
 MAX_N = 128
+# Stop strings are matched on the engine thread after every token: their count and
+# length bound that work (a request may not slow everyone else down).
+MAX_STOP_STRINGS = 64
+MAX_STOP_CHARS = 1024
+# JSON Schema's type names (a tool's ``parameters.type``).
+_JSON_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -79,6 +85,14 @@ class SamplingFields(_Body):
         if self.stream_options is not None and not self.stream:
             raise APIError("stream_options is only allowed with stream: true",
                            param="stream_options")
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        if len(stops) > MAX_STOP_STRINGS:
+            raise APIError(f"stop: at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}",
+                           param="stop")
+        longest = max((len(s) for s in stops), default=0)
+        if longest > MAX_STOP_CHARS:
+            raise APIError(f"stop: a stop string may have at most {MAX_STOP_CHARS} characters, "
+                           f"got {longest}", param="stop")
 
 
 class CompletionRequest(SamplingFields):
@@ -160,9 +174,32 @@ class ChatCompletionRequest(SamplingFields):
                         or not isinstance(function.get("name"), str):
                     raise APIError(f"tools[{i}] must be {{\"type\": \"function\", \"function\": "
                                    f"{{\"name\": ..., \"parameters\": ...}}}}", param="tools")
+                if "parameters" in function:
+                    problem = _schema_problem(function["parameters"])
+                    if problem is not None:
+                        raise APIError(f"tools[{i}].function.parameters is not a JSON Schema "
+                                       f"object: {problem}", param="tools")
+        self._check_tool_choice()
         if self.add_generation_prompt and self.continue_final_message:
             raise APIError("add_generation_prompt and continue_final_message cannot both be true",
                            param="continue_final_message")
+
+    def _check_tool_choice(self) -> None:
+        """``tool_choice`` is a known mode or names a function given in ``tools``."""
+        choice = self.tool_choice
+        if choice is None or choice in ("none", "auto", "required"):
+            return
+        function = choice.get("function") if isinstance(choice, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) \
+                or choice.get("type", "function") != "function":
+            raise APIError("tool_choice must be \"none\", \"auto\", \"required\" or "
+                           "{\"type\": \"function\", \"function\": {\"name\": ...}}, got "
+                           f"{choice!r}"[:300], param="tool_choice")
+        names = [t["function"]["name"] for t in self.tools or ()]
+        if function["name"] not in names:
+            raise APIError(f"tool_choice names the function {function['name']!r}, which is not "
+                           f"in tools ({', '.join(map(repr, names)) or 'none given'})"[:300],
+                           param="tool_choice")
 
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None \
@@ -236,6 +273,25 @@ class AbortRequest(_Body):
     """``POST /abort_requests``: the listed ids, or every request when none are given."""
 
     request_ids: list[str] | None = None
+
+
+def _schema_problem(schema: Any) -> str | None:
+    """Why ``schema`` is not a JSON Schema object (the keys a tool's arguments rely on)."""
+    if not isinstance(schema, dict):
+        return f"expected an object, got {type(schema).__name__}"
+    kind = schema.get("type")
+    kinds = kind if isinstance(kind, list) else [kind] if kind is not None else []
+    if not all(isinstance(k, str) and k in _JSON_TYPES for k in kinds):
+        return f"type must be one of {', '.join(sorted(_JSON_TYPES))} (or a list of them)"
+    properties = schema.get("properties")
+    if properties is not None and not (isinstance(properties, dict) and all(
+            isinstance(p, (dict, bool)) for p in properties.values())):
+        return "properties must map names to schemas"
+    required = schema.get("required")
+    if required is not None and not (isinstance(required, list)
+                                     and all(isinstance(r, str) for r in required)):
+        return "required must be a list of property names"
+    return None
 
 
 def _is_token(value: Any) -> bool:

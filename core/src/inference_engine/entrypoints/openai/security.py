@@ -49,11 +49,12 @@ class APIKeyMiddleware:
         if scope["type"] != "http" or scope["path"] in UNPROTECTED_PATHS:
             await self.app(scope, receive, send)
             return
-        header = None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                header = value
-                break
+        given = [value for name, value in scope["headers"] if name == b"authorization"]
+        if len(given) > 1:  # which one a proxy or a client meant is anyone's guess
+            response = error_response("send one Authorization header, not several", 400)
+            await response(scope, receive, send)
+            return
+        header = given[0] if given else None
         if self.is_authorized(header):
             await self.app(scope, receive, send)
             return

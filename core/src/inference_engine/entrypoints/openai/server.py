@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import threading
 from collections.abc import Iterator
+
 import uvicorn
 
 from inference_engine.config import EngineConfig, ServerConfig
@@ -16,13 +19,43 @@ __all__ = ["run_server"]
 
 logger = logging.getLogger(__name__)
 
+# After the drain timeout the engine's requests are aborted; their streams then
+# end with finish_reason "abort" and [DONE]. uvicorn cancels whatever is still
+# writing this long after that (a client that stopped reading).
+ABORT_GRACE_SECONDS = 5.0
+
 
 class _Server(uvicorn.Server):
-    """uvicorn's server without re-raising the signal after a graceful stop.
+    """uvicorn's server, draining through the engine and exiting 0 on a signal.
 
-    uvicorn re-raises SIGINT/SIGTERM once it has shut down, which makes the
-    process die of the signal; a server that drained cleanly should exit 0.
+    On SIGINT/SIGTERM new connections are refused and in-flight requests run
+    on for ``drain_timeout`` seconds (0: not at all); then every engine request
+    is aborted so each response ends properly (an abort finish and ``[DONE]``)
+    instead of being cut by a cancelled task. uvicorn re-raises the signal once
+    it has shut down, which makes the process die of it; a server that drained
+    cleanly exits 0 instead.
     """
+
+    def __init__(self, config: uvicorn.Config, engine: AsyncLLM, drain_timeout: float) -> None:
+        super().__init__(config)
+        self.engine = engine
+        self.drain_timeout = drain_timeout
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        aborter = asyncio.ensure_future(self._abort_after(self.drain_timeout))
+        try:
+            await super().shutdown(sockets)
+        finally:
+            aborter.cancel()
+
+    async def _abort_after(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        if not self.engine.is_running:
+            return
+        aborted = await self.engine.abort_all()
+        if aborted:
+            logger.warning("shutdown: %d request(s) still running after %gs; aborted them",
+                           len(aborted), delay)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -60,9 +93,9 @@ def run_server(engine_config: EngineConfig, config: ServerConfig,
         app = build_app(engine, config, parsers)
         server = _Server(uvicorn.Config(
             app, host=config.host, port=config.port, log_level=config.log_level,
-            timeout_graceful_shutdown=int(config.shutdown_timeout) or None,
+            timeout_graceful_shutdown=config.shutdown_timeout + ABORT_GRACE_SECONDS,
             access_log=config.log_level == "debug",
-        ))
+        ), engine, config.shutdown_timeout)
         logger.info("serving %s on http://%s:%d (%s)", engine_config.model.model, config.host,
                     config.port, engine.engine.capacity_message)
         server.run()

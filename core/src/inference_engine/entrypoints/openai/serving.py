@@ -4,11 +4,13 @@ engine streams with metrics, and client-disconnect handling."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
+import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -29,6 +31,27 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# A client-chosen request id goes into a response header: visible ASCII only.
+_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,256}")
+# Margin on the prompt character bound for normalizers that shorten text (NFKC
+# composing a letter and its accent into one character, and the like).
+_NORMALIZER_MARGIN = 4
+# Request bodies: room for the longest prompt in the worst JSON escaping (a
+# "\\uXXXX" surrogate pair is 12 bytes for one character), within fixed bounds.
+_MIN_BODY_BYTES = 1 << 20
+_MAX_BODY_BYTES = 64 << 20
+
+
+def longest_token_chars(tokenizer: Any) -> int:
+    """Characters in the vocabulary's longest token string (at least 1).
+
+    Token strings spell bytes (byte-level BPE) or pieces, never fewer characters
+    than the text they stand for, so no text longer than ``max_model_len`` times
+    this can fit in ``max_model_len`` tokens.
+    """
+    tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    return max((len(t) for t in tokens if isinstance(t, str)), default=1) or 1
 
 # Sampling fields a model's generation_config.json may set as request defaults (vLLM does too).
 _GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -92,6 +115,16 @@ class ModelServing:
         self.parsers = parsers
         self.enable_auto_tool_choice = enable_auto_tool_choice
         self.created = int(time.time())
+        # Text longer than this cannot fit the context: refused before tokenizing.
+        self.max_prompt_chars = (self.max_model_len * longest_token_chars(self.tokenizer)
+                                 * _NORMALIZER_MARGIN)
+        self.max_body_bytes = min(_MAX_BODY_BYTES,
+                                  max(_MIN_BODY_BYTES, 12 * self.max_prompt_chars))
+        # Tokenizing and templating run here, never on the event loop (a long prompt
+        # would stall every other request and /health); one thread keeps the
+        # tokenizer used by one request at a time on this side.
+        self._tokenizer_thread = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="tokenizer")
         gen = inner.loaded.generation_config
         self.sampling_defaults = {k: gen[k] for k in _GENERATION_DEFAULTS
                                   if isinstance(gen.get(k), (int, float))
@@ -108,18 +141,41 @@ class ModelServing:
         if name is not None and name not in self.model_names:
             raise APIError(f"the model {name!r} does not exist; this server serves "
                            f"{', '.join(repr(n) for n in self.model_names)}", status=404,
-                           param="model", type_="NotFoundError")
+                           param="model")
 
     def new_request_id(self, prefix: str, given: str | None) -> str:
+        """The client's ``request_id`` (checked: it is echoed in ``X-Request-Id``) or a new one."""
         if given is not None:
-            if not given or len(given) > 256:
-                raise APIError("request_id must be 1-256 characters", param="request_id")
+            if not _REQUEST_ID.fullmatch(given):
+                raise APIError("request_id must be 1-256 visible ASCII characters (no spaces or "
+                               "control characters)", param="request_id")
             return given
         return f"{prefix}-{uuid.uuid4().hex}"
 
     # ---- prompts and sampling ---------------------------------------------
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def check_text_length(self, num_chars: int, param: str) -> None:
+        """A 400 for text that cannot fit the context, before any time is spent on it."""
+        if num_chars > self.max_prompt_chars:
+            raise APIError(f"{param} has {num_chars} characters; this model's context of "
+                           f"{self.max_model_len} tokens cannot hold more than "
+                           f"{self.max_prompt_chars}", param=param)
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run tokenizer work on the tokenizer thread; the event loop stays free."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, fn,
+                                                                *args)
+
+    def close(self) -> None:
+        self._tokenizer_thread.shutdown(wait=False, cancel_futures=True)
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    async def encode(self, text: str, add_special_tokens: bool = True,
+                     param: str = "prompt") -> list[int]:
+        """Token ids of ``text``, refused early (400) when it is too long to fit."""
+        self.check_text_length(len(text), param)
+        return await self.off_loop(self._encode, text, add_special_tokens)
 
     def check_prompt(self, token_ids: list[int]) -> None:
         if not token_ids:
@@ -166,9 +222,12 @@ class ModelServing:
                 logprobs=logprobs, skip_special_tokens=body.skip_special_tokens,
                 include_stop_str_in_output=body.include_stop_str_in_output, **fields, **extra)
         except ValueError as exc:
-            message = str(exc).replace("max_tokens", max_tokens_field, 1) \
-                if str(exc).startswith("max_tokens") else str(exc)
-            raise APIError(message, param=str(exc).split(" ", 1)[0]) from None
+            field = str(exc).split(" ", 1)[0]
+            message = str(exc)
+            if field == "max_tokens":
+                field = max_tokens_field
+                message = message.replace("max_tokens", max_tokens_field, 1)
+            raise APIError(message, param=field) from None
 
     # ---- running ---------------------------------------------------------------
     async def start(self, requests: list[EngineRequest]) -> list[AsyncIterator[RequestOutput]]:
@@ -200,35 +259,45 @@ class ModelServing:
 async def merged(
     streams: list[AsyncIterator[RequestOutput]],
 ) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """Interleave several output streams as items arrive; closing this closes them all."""
+    """Interleave several output streams as items arrive; closing this closes them all.
+
+    Outputs are cumulative, so each stream keeps only its latest unread output:
+    a slow consumer holds one output per stream, never a backlog.
+    """
     if len(streams) == 1:
         async with contextlib.aclosing(streams[0]) as only:  # type: ignore[type-var]
             async for item in only:
                 yield 0, item
         return
-    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
-    done = object()
+    latest: dict[int, RequestOutput] = {}
+    ended: set[int] = set()
+    errors: list[Exception] = []
+    wake = asyncio.Event()
 
     async def pump(index: int, stream: AsyncIterator[RequestOutput]) -> None:
         try:
             async with contextlib.aclosing(stream):  # type: ignore[type-var]
                 async for item in stream:
-                    await queue.put((index, item))
-            await queue.put((index, done))
+                    latest[index] = item
+                    wake.set()
         except Exception as exc:  # handed to the consumer
-            await queue.put((index, exc))
+            errors.append(exc)
+        ended.add(index)
+        wake.set()
 
     tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
     try:
-        remaining = len(tasks)
-        while remaining:
-            index, item = await queue.get()
-            if item is done:
-                remaining -= 1
-            elif isinstance(item, Exception):
-                raise item
+        while True:
+            if errors:
+                raise errors[0]
+            if latest:
+                index = next(iter(latest))  # the longest-waiting stream first
+                yield index, latest.pop(index)
+            elif len(ended) == len(tasks):
+                return
             else:
-                yield index, item
+                wake.clear()
+                await wake.wait()
     finally:
         for task in tasks:
             task.cancel()
