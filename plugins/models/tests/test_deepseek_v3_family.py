@@ -200,6 +200,23 @@ def test_long_decode_reads_only_selected_positions(pair):
         assert_close(logits[1:], hf_logits(hf, a)[-1:])
 
 
+def test_fp8_indexer_changes_only_the_selection(pair):
+    """With ``indexer_dtype="fp8"`` the index cache holds e4m3 codes + a float32 scale per
+    token, and queries whose context fits in top-k (nothing to select) are unchanged; later
+    ones differ only through the selection (measured: see docs/models.md)."""
+    arch, config, hf, tensors = pair
+    if arch not in SPARSE:
+        pytest.skip("dense attention")
+    fp8_config = SPARSE[arch](256, indexer_dtype="fp8")
+    twin = ours(arch, fp8_config, tensors)
+    assert KVCacheSpec(1, 1, 16 + 4, torch.uint8) in twin.pool.specs
+    ids = tokens(24, 3)
+    logits = run_step(twin, [Seq(ids, 0, [5, 2, 7, 0, 9, 11])])
+    assert torch.isfinite(logits).all()
+    top_k = config.index_topk
+    assert_close(logits[:top_k], hf_logits(hf, ids)[:top_k])
+
+
 # --------------------------------------------------------------------------- #
 # The whole engine: chunked prefill, preemption, prefix caching.
 # --------------------------------------------------------------------------- #

@@ -18,6 +18,14 @@ hidden state (``weights_proj``); the top ``index_topk`` positions
 sparse MLA attends. DeepSeek-V3.2 rotates the rope part as neox halves,
 GLM-5 as interleaved pairs (de-interleaved here: the same permutation of q and
 k leaves every score unchanged).
+
+**FP8 indexer** (``config.indexer_dtype = "fp8"``, or a float8 ``--kv-cache-dtype``):
+as DeepSeek's ``fp8_index``, each cached key is stored as float8 e4m3 with one
+float32 scale per token (``amax / 448``), packed as ``index_head_dim + 4`` bytes
+per token, and each query head is quantised the same way; the scores are the
+formula above on the dequantised values (both scales are positive, so they
+factor out of the ReLU). The cache then takes about a quarter of the float32
+bytes.
 """
 
 from __future__ import annotations
@@ -33,7 +41,49 @@ from inference_engine.layers.linear import ReplicatedLinear
 from inference_engine.layers.rotary import RotaryTable
 from inference_engine.layers.sparse_topk import topk_positions
 
-__all__ = ["LightningIndexer", "index_scores"]
+__all__ = ["FP8_MAX", "LightningIndexer", "dequantize_fp8_rows", "index_scores",
+           "quantize_fp8_rows"]
+
+# Largest finite float8 e4m3 value: a row's amax maps here.
+FP8_MAX = 448.0
+
+
+def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row float8 e4m3: ``(codes [..., D] float8_e4m3fn, scale [..., 1] float32)`` with
+    ``x ~= codes * scale`` and ``scale = amax(|row|) / 448`` (1 for an all-zero row)."""
+    x = x.float()
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    codes = (x / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return codes, scale
+
+
+def dequantize_fp8_rows(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``codes * scale`` in float32."""
+    return codes.float() * scale
+
+
+def _pack_fp8(x: torch.Tensor) -> torch.Tensor:
+    """``[T, D]`` -> ``[T, D + 4]`` uint8: the e4m3 codes then the float32 scale's bytes."""
+    codes, scale = quantize_fp8_rows(x)
+    return torch.cat((codes.view(torch.uint8), scale.view(torch.uint8)), dim=-1)
+
+
+def _unpack_fp8(raw: torch.Tensor, dim: int) -> torch.Tensor:
+    """Inverse of :func:`_pack_fp8`, dequantised to float32 ``[T, D]``."""
+    codes = raw[..., :dim].contiguous().view(torch.float8_e4m3fn)
+    scale = raw[..., dim:].contiguous().view(torch.float32)
+    return dequantize_fp8_rows(codes, scale)
+
+
+def _wants_fp8(ctx: ModelContext) -> bool:
+    option = getattr(ctx.hf_config, "indexer_dtype", None) or "auto"
+    if option not in ("auto", "fp8", "bfloat16", "float32", "model"):
+        raise ValueError(f"indexer_dtype must be 'auto', 'fp8' or the model's dtype, "
+                         f"got {option!r}")
+    kv = getattr(ctx, "kv_cache_dtype", None)
+    return option == "fp8" or (option == "auto" and kv is not None and kv.itemsize == 1
+                               and kv.is_floating_point)
 
 
 def index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
@@ -82,6 +132,8 @@ class LightningIndexer(nn.Module):
         self.k_norm = nn.LayerNorm(d, eps=1e-6, dtype=ctx.dtype)
         self.weights_proj = ReplicatedLinear(ctx, cfg.hidden_size, h, f"{prefix}.weights_proj")
         self.dtype = ctx.dtype
+        # Whether keys are cached (and queries scored) as float8 e4m3 with per-row scales.
+        self.fp8 = _wants_fp8(ctx)
         perm = (torch.cat((torch.arange(0, self.rope_dim, 2), torch.arange(1, self.rope_dim, 2)))
                 if rope_interleaved else torch.arange(self.rope_dim))
         self.register_buffer("rope_perm", perm, persistent=False)
@@ -90,8 +142,15 @@ class LightningIndexer(nn.Module):
         self.kv_cache: tuple[torch.Tensor] | None = None
 
     def kv_cache_spec(self) -> KVCacheSpec:
-        """One key of ``index_head_dim`` values per token."""
+        """One key of ``index_head_dim`` values per token (FP8: its codes and scale, as bytes)."""
+        if self.fp8:
+            return KVCacheSpec(num_tensors=1, num_heads=1, head_dim=self.head_dim + 4,
+                               dtype=torch.uint8)
         return KVCacheSpec(num_tensors=1, num_heads=1, head_dim=self.head_dim, dtype=self.dtype)
+
+    def cached_keys(self, raw: torch.Tensor) -> torch.Tensor:
+        """Cache entries ``[L, entry]`` -> float32 keys ``[L, index_head_dim]``."""
+        return _unpack_fp8(raw, self.head_dim) if self.fp8 else raw.float()
 
     def _rotate(self, rope: RotaryTable, x: torch.Tensor) -> torch.Tensor:
         """``x [T, heads, D]`` with its first ``rope_dim`` values rotated."""
@@ -117,10 +176,13 @@ class LightningIndexer(nn.Module):
         t = hidden.shape[0]
         key = self._rotate(rope, self.k_norm(self.wk(hidden))[:, None])[:, 0]
         (cache,) = self.kv_cache
-        cache[metadata.slot_blocks, metadata.slot_offsets, 0] = key.to(cache.dtype)
+        cache[metadata.slot_blocks, metadata.slot_offsets, 0] = (
+            _pack_fp8(key) if self.fp8 else key.to(cache.dtype))
         if max(metadata.seq_lens_list, default=0) <= self.topk:
             return None
         q = self._rotate(rope, self.wq_b(q_latent).view(t, self.num_heads, self.head_dim))
+        if self.fp8:
+            q = dequantize_fp8_rows(*quantize_fp8_rows(q))
         q = q.float() * self.head_dim ** -0.5
         weights = self.weights_proj(hidden).float() * self.num_heads ** -0.5
         width = max(metadata.seq_lens_list)
@@ -130,8 +192,10 @@ class LightningIndexer(nn.Module):
             start, end = starts[i], starts[i + 1]
             keys = gather_context(cache, metadata.block_tables[i], seq_len, metadata.block_size)
             scores[start:end, :seq_len] = index_scores(
-                q[start:end], weights[start:end], keys[:, 0].float(), seq_len - (end - start))
+                q[start:end], weights[start:end], self.cached_keys(keys[:, 0]),
+                seq_len - (end - start))
         return topk_positions(scores, self.topk, self.topk_impl)
 
     def extra_repr(self) -> str:
-        return f"heads={self.num_heads}, head_dim={self.head_dim}, topk={self.topk}"
+        return (f"heads={self.num_heads}, head_dim={self.head_dim}, topk={self.topk}, "
+                f"cache={'fp8' if self.fp8 else self.dtype}")
