@@ -98,10 +98,28 @@ async def read_json(request: Request, limit: int) -> Any:
     return decode_json(await read_body(request, limit))
 
 
+def _inline_refs(node: Any, defs: dict[str, Any]) -> Any:
+    """``node`` with pydantic's local ``#/$defs/X`` references replaced by their schemas."""
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/"):
+            return _inline_refs(defs[ref.removeprefix("#/$defs/")], defs)
+        return {k: _inline_refs(v, defs) for k, v in node.items() if k != "$defs"}
+    if isinstance(node, list):
+        return [_inline_refs(v, defs) for v in node]
+    return node
+
+
 def _body_schema(model_cls: type[Any]) -> dict[str, Any]:
-    """OpenAPI ``requestBody`` for a route that parses its body itself (for clients, fuzzers)."""
+    """OpenAPI ``requestBody`` for a route that parses its body itself (for clients, fuzzers).
+
+    References are inlined: in an OpenAPI document ``#/$defs`` would point at
+    the document's root, not at the body schema.
+    """
+    schema = model_cls.model_json_schema()
+    schema = _inline_refs(schema, schema.get("$defs", {}))
     return {"requestBody": {"required": True, "content": {
-        "application/json": {"schema": model_cls.model_json_schema()}}}}
+        "application/json": {"schema": schema}}}}
 
 
 def build_app(engine: AsyncLLM, config: ServerConfig, parsers: Any = None,
