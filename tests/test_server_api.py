@@ -395,7 +395,7 @@ BAD = [
     (CHAT, {"messages": [{"content": "no role"}]}, 400),
     (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400),
     (CHAT, {"messages": MSG, "temperature": "hot"}, 400),
-    (CHAT, {"messages": MSG, "response_format": {"type": "json_object"}}, 400),
+    (CHAT, {"messages": MSG, "response_format": {"type": "xml"}}, 400),
     (CHAT, {"messages": MSG, "top_logprobs": 2}, 400),
     (CHAT, {"messages": MSG, "max_completion_tokens": 0}, 400),
     (CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400),

@@ -144,8 +144,8 @@ class SamplingParams:
              f"truncate_prompt_tokens must be at least 1 or -1, got "
              f"{self.truncate_prompt_tokens}"),
             (self.spaces_between_special_tokens is True,
-             "spaces_between_special_tokens=False is not supported (fast tokenizers join "
-             "special tokens without spaces)"),
+             "spaces_between_special_tokens must be true: false is not supported (fast "
+             "tokenizers join special tokens without spaces)"),
         ]
         for ok, message in checks:
             if not ok:

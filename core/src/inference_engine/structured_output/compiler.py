@@ -91,12 +91,14 @@ class GrammarCompilerPool:
         try:
             if params.json is not None:
                 schema = params.json
-                if schema is True:
+                if schema is True:  # the schema that allows any JSON value
                     grammar = compiler.compile_builtin_json_grammar()
                 else:
                     grammar = compiler.compile_grammar(json_schema_ebnf(schema, any_whitespace))
             elif params.json_object:
-                grammar = compiler.compile_builtin_json_grammar()
+                # A JSON object (OpenAI's json_object), not any JSON value.
+                grammar = compiler.compile_grammar(json_schema_ebnf({"type": "object"},
+                                                                    any_whitespace))
             elif params.regex is not None:
                 grammar = compiler.compile_regex(params.regex)
             elif params.choice is not None:

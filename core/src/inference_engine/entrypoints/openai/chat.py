@@ -13,8 +13,15 @@ from starlette.responses import Response
 
 from inference_engine.entrypoints.llm import apply_chat_template
 from inference_engine.entrypoints.openai.errors import APIError, JSONResponse
-from inference_engine.entrypoints.openai.logprobs_format import chat_logprobs
+from inference_engine.entrypoints.openai.logprobs_format import (
+    chat_logprobs,
+    prompt_logprobs_json,
+)
 from inference_engine.entrypoints.openai.protocol import ChatCompletionRequest
+from inference_engine.entrypoints.openai.request_sampling import (
+    extra_sampling_kwargs,
+    truncate_prompt_ids,
+)
 from inference_engine.entrypoints.openai.serving import (
     ChoiceCursor,
     EngineRequest,
@@ -101,12 +108,14 @@ async def create_chat_completion(serving: ModelServing, body: ChatCompletionRequ
     tool_choice = _tool_choice(serving, body)
     prompt_ids = await render_chat(serving, messages, body.tools, body.add_generation_prompt,
                              body.chat_template_kwargs, body.continue_final_message)
+    prompt_ids = truncate_prompt_ids(prompt_ids, body.truncate_prompt_tokens,
+                                     serving.max_model_len)
     serving.check_prompt(prompt_ids)
     top_n = (body.top_logprobs or 0) if body.logprobs else None
     params = serving.sampling_params(
         body, len(prompt_ids), body.max_new_tokens(), top_n,
         max_tokens_field="max_completion_tokens" if body.max_completion_tokens is not None
-        else "max_tokens")
+        else "max_tokens", prompt_logprobs=body.prompt_logprobs, **extra_sampling_kwargs(body))
     request_id = serving.new_request_id("chatcmpl", body.request_id)
     run = _Chat(serving, body, request_id, tool_choice, len(prompt_ids))
     # Parsers are made before the request is queued so a bad setting fails as a 400.
@@ -206,6 +215,8 @@ class _Chat:
                     raise APIError(problem, param="tool_choice")
                 result = pipeline.result()
                 message = result.to_openai_message()
+                if self.body.parallel_tool_calls is False and message.get("tool_calls"):
+                    message["tool_calls"] = message["tool_calls"][:1]  # the first call only
                 has_calls = bool(result.tool_calls)
             choices.append({
                 "index": completion.index,
@@ -217,6 +228,8 @@ class _Chat:
         payload = self._header("chat.completion")
         payload["choices"] = choices
         payload["usage"] = self._usage(final)
+        if self.body.prompt_logprobs is not None:
+            payload["prompt_logprobs"] = prompt_logprobs_json(final.prompt_logprobs)
         return payload
 
     async def events(self, items: AsyncIterator[tuple[int, RequestOutput]],
@@ -225,6 +238,11 @@ class _Chat:
         cursors = [ChoiceCursor() for _ in range(n)]
         has_calls = [False] * n
         final: RequestOutput | None = None
+        options = self.body.stream_options
+        continuous = options is not None and options.include_usage \
+            and options.continuous_usage_stats
+        # The first chunk with engine output carries the prompt's logprobs (when asked).
+        prompt_logprobs_sent = self.body.prompt_logprobs is None
         try:
             first = self._header("chat.completion.chunk")
             first["choices"] = [{"index": i, "delta": {"role": "assistant", "content": ""},
@@ -254,6 +272,9 @@ class _Chat:
                                 problem = pipeline.tool_choice_error()
                                 if problem is not None:
                                     raise APIError(problem, param="tool_choice")
+                            if self.body.parallel_tool_calls is False:
+                                parsed.tool_calls = [c for c in parsed.tool_calls
+                                                     if c.index == 0]
                             has_calls[i] = has_calls[i] or bool(parsed.tool_calls)
                             delta = to_openai_delta(parsed)
                         logprobs = self._logprobs(tokens, positions)
@@ -271,8 +292,13 @@ class _Chat:
                     if choices:
                         chunk = self._header("chat.completion.chunk")
                         chunk["choices"] = choices
+                        if continuous:
+                            chunk["usage"] = self._usage(output)
+                        if not prompt_logprobs_sent:
+                            chunk["prompt_logprobs"] = prompt_logprobs_json(
+                                output.prompt_logprobs)
+                            prompt_logprobs_sent = True
                         yield sse(chunk)
-            options = self.body.stream_options
             if options is not None and options.include_usage:
                 chunk = self._header("chat.completion.chunk")
                 chunk["choices"] = []

@@ -11,8 +11,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from inference_engine.entrypoints.openai.errors import APIError, JSONResponse
-from inference_engine.entrypoints.openai.logprobs_format import completion_logprobs
+from inference_engine.entrypoints.openai.logprobs_format import (
+    completion_logprobs,
+    prompt_logprobs_json,
+)
 from inference_engine.entrypoints.openai.protocol import CompletionRequest
+from inference_engine.entrypoints.openai.request_sampling import (
+    extra_sampling_kwargs,
+    truncate_prompt_ids,
+)
 from inference_engine.entrypoints.openai.serving import (
     ChoiceCursor,
     EngineRequest,
@@ -49,14 +56,18 @@ async def create_completion(serving: ModelServing, body: CompletionRequest,
     prompts = body.prompts()
     request_id = serving.new_request_id("cmpl", body.request_id)
     requests = []
+    extra = extra_sampling_kwargs(body)
     for i, prompt in enumerate(prompts):
         if isinstance(prompt, str):
-            text, ids = prompt, await serving.encode(prompt)
+            text, ids = prompt, await serving.encode(prompt, body.add_special_tokens)
         else:
             text, ids = None, list(prompt)
+        if body.truncate_prompt_tokens is not None:
+            text, ids = None, truncate_prompt_ids(ids, body.truncate_prompt_tokens,
+                                                  serving.max_model_len)
         serving.check_prompt(ids)
         params = serving.sampling_params(body, len(ids), body.max_tokens, body.logprobs,
-                                         prompt_logprobs=body.prompt_logprobs)
+                                         prompt_logprobs=body.prompt_logprobs, **extra)
         engine_id = request_id if len(prompts) == 1 else f"{request_id}-{i}"
         requests.append(EngineRequest(engine_id, text, ids, params))
     streams = await serving.start(requests)
@@ -98,19 +109,23 @@ class _Completion:
 
     def _choice(self, prompt_index: int, completion: Any, text: str,
                 token_ids: list[int], positions: list[Any] | None,
-                text_offset: int) -> dict[str, Any]:
+                text_offset: int, output: RequestOutput | None = None) -> dict[str, Any]:
+        """One choice; ``output`` given: its prompt_logprobs go with it (when asked)."""
         logprobs = None
         if self.body.logprobs is not None and positions is not None:
             logprobs = completion_logprobs(token_ids, positions, self.body.logprobs,
                                            self.serving.tokenizer, text_offset,
                                            self.body.return_tokens_as_token_ids)
-        return {
+        choice = {
             "index": prompt_index * self.body.n + completion.index,
             "text": text,
             "logprobs": logprobs,
             "finish_reason": completion.finish_reason,
             "stop_reason": completion.stop_reason,
         }
+        if self.body.prompt_logprobs is not None and output is not None:
+            choice["prompt_logprobs"] = prompt_logprobs_json(output.prompt_logprobs)
+        return choice
 
     def _header(self, obj: str = "text_completion") -> dict[str, Any]:
         return {"id": self.request_id, "object": obj, "created": self.created,
@@ -137,7 +152,7 @@ class _Completion:
             for completion in output.outputs:
                 choices.append(self._choice(index, completion, prefix + completion.text,
                                             completion.token_ids, completion.logprobs,
-                                            len(prefix)))
+                                            len(prefix), output))
         choices.sort(key=lambda c: c["index"])
         payload = self._header()
         payload["choices"] = choices
@@ -148,11 +163,19 @@ class _Completion:
         n = self.body.n
         cursors = [[ChoiceCursor() for _ in range(n)] for _ in self.requests]
         echoed = [[not self.body.echo] * n for _ in self.requests]
+        # A choice's first chunk carries the prompt's logprobs (vLLM's streaming shape).
+        started = [[False] * n for _ in self.requests]
         finals: list[RequestOutput | None] = [None] * len(self.requests)
+        latest: list[RequestOutput | None] = [None] * len(self.requests)
+        options = self.body.stream_options
+        continuous = options is not None and options.include_usage \
+            and options.continuous_usage_stats
+        prompt_lens = [len(r.prompt_token_ids) for r in self.requests]
         try:
             async with contextlib.aclosing(items):  # type: ignore[type-var]
                 async for index, output in items:
                     self._note(index, output, finals)
+                    latest[index] = output
                     choices = []
                     for completion in output.outputs:
                         i = completion.index
@@ -163,13 +186,16 @@ class _Completion:
                         if not echoed[index][i]:
                             text = self._prompt_text(index) + text
                             echoed[index][i] = True
-                        choices.append(self._choice(index, completion, text, delta.token_ids,
-                                                    delta.logprobs, delta.text_offset))
+                        choices.append(self._choice(
+                            index, completion, text, delta.token_ids, delta.logprobs,
+                            delta.text_offset, None if started[index][i] else output))
+                        started[index][i] = True
                     if choices:
                         chunk = self._header()
                         chunk["choices"] = choices
+                        if continuous:
+                            chunk["usage"] = _usage(prompt_lens, latest)
                         yield sse(chunk)
-            options = self.body.stream_options
             if options is not None and options.include_usage:
                 chunk = self._header()
                 chunk["choices"] = []

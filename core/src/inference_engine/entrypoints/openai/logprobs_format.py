@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["chat_logprobs", "completion_logprobs"]
+__all__ = ["chat_logprobs", "completion_logprobs", "prompt_logprobs_json"]
 
 
 def _token_text(token_id: int, entry: Any, tokenizer: Any, as_ids: bool = False) -> str:
@@ -21,6 +21,8 @@ def _token_text(token_id: int, entry: Any, tokenizer: Any, as_ids: bool = False)
 
 
 def _ranked(position: dict[int, Any], top_n: int) -> list[tuple[int, Any]]:
+    if top_n < 0:  # -1: every token the engine returned (the whole vocabulary)
+        top_n = len(position)
     return sorted(((t, e) for t, e in position.items() if e.rank <= top_n),
                   key=lambda item: item[1].rank)[:top_n]
 
@@ -67,3 +69,15 @@ def chat_logprobs(token_ids: list[int], positions: list[dict[int, Any]], top_n: 
             ],
         })
     return {"content": content}
+
+
+def prompt_logprobs_json(positions: list[dict[int, Any] | None] | None
+                         ) -> list[dict[str, dict[str, Any]] | None] | None:
+    """vLLM's ``prompt_logprobs``: per prompt token (None first) ``{token id: {logprob, rank,
+    decoded_token}}``, the prompt's own token and the top-N."""
+    if positions is None:
+        return None
+    return [None if position is None else {
+        str(token_id): {"logprob": entry.logprob, "rank": entry.rank,
+                        "decoded_token": entry.decoded_token}
+        for token_id, entry in position.items()} for position in positions]

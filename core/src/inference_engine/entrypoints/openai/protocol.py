@@ -1,9 +1,10 @@
 """Request bodies of the OpenAI API (plus vLLM's extra sampling fields), validated.
 
 Models are strict: a string where a number belongs is a 400, not a silent
-coercion. Unknown fields are ignored, as OpenAI-compatible servers do, so
-clients written for other servers keep working. Range checks live in
-:class:`SamplingParams`; this module only checks shapes and types.
+coercion. On completions and chat a field the server does not implement is a 400
+naming it, never accepted and ignored (unknown fields of the other endpoints are
+ignored). Range checks live in :class:`SamplingParams`; this module only checks
+shapes and types.
 """
 
 from __future__ import annotations
@@ -44,12 +45,21 @@ class _Body(BaseModel):
 
 
 class StreamOptions(_Body):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
     include_usage: bool = False
+    # vLLM's extension: every chunk carries the usage so far (with include_usage).
     continuous_usage_stats: bool = False
 
 
 class SamplingFields(_Body):
-    """Fields shared by completions and chat completions."""
+    """Fields shared by completions and chat completions.
+
+    A field not declared here is a 400 naming it (never accepted and ignored);
+    declared fields this server does not implement are refused by name in ``check``.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = None
     n: int = 1
@@ -75,11 +85,35 @@ class SamplingFields(_Body):
     request_id: str | None = None
     # vLLM's extension: logprobs name tokens "token_id:N" instead of their text.
     return_tokens_as_token_ids: bool = False
+    # OpenAI's {token id: bias in [-100, 100]}; vLLM's token-level fields.
+    logit_bias: dict[str, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    truncate_prompt_tokens: int | None = None
+    spaces_between_special_tokens: bool = True
+    prompt_logprobs: int | None = None
+    # vLLM's structured-output fields (see request_sampling.py); response_format above.
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
+    # vLLM's fields accepted at their "off" value only.
+    use_beam_search: bool = False
+    priority: int = 0
 
     def check_common(self) -> None:
-        if self.response_format is not None and self.response_format.get("type") != "text":
-            raise APIError("response_format is not supported yet (no guided decoding); "
-                           "leave it out or use {\"type\": \"text\"}", param="response_format")
+        if self.use_beam_search:
+            raise APIError("use_beam_search is not supported (no beam search); leave it out",
+                           param="use_beam_search")
+        if self.priority != 0:
+            raise APIError("priority is not supported (requests are served first come, first "
+                           "served); leave it out or send 0", param="priority")
+        if self.prompt_logprobs is not None and not (
+                0 <= self.prompt_logprobs <= MAX_LOGPROBS or self.prompt_logprobs == -1):
+            raise APIError(f"prompt_logprobs must be between 0 and {MAX_LOGPROBS} or -1 (whole "
+                           f"vocabulary), got {self.prompt_logprobs}", param="prompt_logprobs")
         if not 1 <= self.n <= MAX_N:
             raise APIError(f"n must be between 1 and {MAX_N}, got {self.n}", param="n")
         if self.stream_options is not None and not self.stream:
@@ -104,7 +138,8 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
-    prompt_logprobs: int | None = None
+    # vLLM's extension: add the tokenizer's special tokens (BOS) to text prompts.
+    add_special_tokens: bool = True
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt field as a list of texts or token-id lists.
@@ -137,9 +172,10 @@ class CompletionRequest(SamplingFields):
             raise APIError("suffix is not supported", param="suffix")
         if self.best_of is not None and self.best_of != self.n:
             raise APIError("best_of different from n is not supported", param="best_of")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise APIError(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}",
-                           param="logprobs")
+        if self.logprobs is not None and not (0 <= self.logprobs <= MAX_LOGPROBS
+                                              or self.logprobs == -1):
+            raise APIError(f"logprobs must be between 0 and {MAX_LOGPROBS} or -1 (whole "
+                           f"vocabulary), got {self.logprobs}", param="logprobs")
         if self.echo and self.stream and self.n > 1:
             raise APIError("echo with stream and n > 1 is not supported", param="echo")
 
@@ -164,7 +200,7 @@ class ChatCompletionRequest(SamplingFields):
         if self.top_logprobs is not None:
             if not self.logprobs:
                 raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
-            if not 0 <= self.top_logprobs <= MAX_LOGPROBS:
+            if not (0 <= self.top_logprobs <= MAX_LOGPROBS or self.top_logprobs == -1):
                 raise APIError(f"top_logprobs must be between 0 and {MAX_LOGPROBS}, got "
                                f"{self.top_logprobs}", param="top_logprobs")
         if self.tools is not None:
@@ -307,6 +343,9 @@ def parse_body(model_cls: type[_Body], data: Any) -> Any:
     except ValidationError as exc:
         error = exc.errors()[0]
         field = ".".join(str(p) for p in error["loc"]) or None
+        if error["type"] == "extra_forbidden":
+            raise APIError(f"{field}: this server does not support the request field "
+                           f"{field!r}; leave it out", param=field) from None
         got = error.get("input")
         shown = repr(got) if not isinstance(got, (dict, list)) else type(got).__name__
         raise APIError(f"{field}: {error['msg']} (got {shown})", param=field) from None

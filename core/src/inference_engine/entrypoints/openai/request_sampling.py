@@ -1,0 +1,119 @@
+"""Request fields that become :class:`SamplingParams` keywords beyond the basic ones.
+
+Structured outputs come in three spellings, all honoured and mutually exclusive:
+OpenAI's ``response_format`` (``json_schema``, ``json_object``, ``text``), vLLM's
+``structured_outputs`` object and vLLM's older ``guided_json`` / ``guided_regex`` /
+``guided_choice`` / ``guided_grammar`` fields. Token-level fields (``logit_bias``,
+``allowed_token_ids``, ``bad_words``, ``spaces_between_special_tokens``) pass through;
+the engine checks their values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inference_engine.entrypoints.openai.errors import APIError
+from inference_engine.structured_output import StructuredOutputsParams
+
+__all__ = ["extra_sampling_kwargs", "structured_outputs_of", "truncate_prompt_ids"]
+
+# vLLM's guided_* field -> StructuredOutputsParams field.
+_GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
+           "guided_grammar": "grammar"}
+# The structured_outputs keys this server implements.
+_STRUCTURED_KEYS = frozenset({"json", "json_object", "regex", "choice", "grammar",
+                              "disable_any_whitespace"})
+# guided_decoding_backend values that mean this server's only backend.
+_BACKENDS = ("xgrammar", "auto")
+
+
+def structured_outputs_of(body: Any) -> StructuredOutputsParams | None:
+    """The request's output constraint, from whichever spelling it used.
+
+    Raises:
+        APIError: two spellings at once, an unknown ``response_format`` type or
+            ``structured_outputs`` key, or a malformed constraint (each names its field).
+    """
+    found: list[tuple[str, dict[str, Any]]] = []
+    response_format = getattr(body, "response_format", None)
+    if response_format is not None:
+        spec = _from_response_format(response_format)
+        if spec is not None:
+            found.append(("response_format", spec))
+    structured = getattr(body, "structured_outputs", None)
+    if structured is not None:
+        if not isinstance(structured, dict):
+            raise APIError("structured_outputs must be an object", param="structured_outputs")
+        unknown = sorted(set(structured) - _STRUCTURED_KEYS)
+        if unknown:
+            raise APIError(f"structured_outputs.{unknown[0]} is not supported (supported: "
+                           f"{', '.join(sorted(_STRUCTURED_KEYS))})", param="structured_outputs")
+        found.append(("structured_outputs",
+                      {k: v for k, v in structured.items() if v is not None}))
+    for field, key in _GUIDED.items():
+        value = getattr(body, field, None)
+        if value is not None:
+            found.append((field, {key: value}))
+    backend = getattr(body, "guided_decoding_backend", None)
+    if backend is not None and backend not in _BACKENDS:
+        raise APIError(f"guided_decoding_backend {backend!r} is not available; this server "
+                       "uses xgrammar", param="guided_decoding_backend")
+    if not found:
+        return None
+    if len(found) > 1:
+        names = " and ".join(name for name, _ in found)
+        raise APIError(f"{names} both constrain the output; give one", param=found[1][0])
+    field, spec = found[0]
+    try:
+        return StructuredOutputsParams(**spec)
+    except (TypeError, ValueError) as exc:
+        raise APIError(f"{field}: {exc}", param=field) from None
+
+
+def _from_response_format(response_format: dict[str, Any]) -> dict[str, Any] | None:
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise APIError("response_format.json_schema.schema must be a JSON schema object",
+                           param="response_format")
+        return {"json": schema}
+    raise APIError(f"response_format.type must be text, json_object or json_schema, got "
+                   f"{kind!r}", param="response_format")
+
+
+def extra_sampling_kwargs(body: Any) -> dict[str, Any]:
+    """SamplingParams keywords of the request's token-level and structured-output fields."""
+    kwargs: dict[str, Any] = {}
+    for name in ("logit_bias", "allowed_token_ids", "bad_words"):
+        value = getattr(body, name, None)
+        if value is not None:
+            kwargs[name] = value
+    if not getattr(body, "spaces_between_special_tokens", True):
+        kwargs["spaces_between_special_tokens"] = False
+    structured = structured_outputs_of(body)
+    if structured is not None:
+        kwargs["structured_outputs"] = structured
+    return kwargs
+
+
+def truncate_prompt_ids(token_ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
+    """vLLM's ``truncate_prompt_tokens``: the last ``keep`` ids (-1: as many as leave room
+    for one output token); ``token_ids`` unchanged when ``keep`` is None.
+
+    Raises:
+        APIError: ``keep`` is 0 or below -1, or larger than the context.
+    """
+    if keep is None:
+        return token_ids
+    if keep == -1:
+        keep = max_model_len - 1
+    if not 1 <= keep < max_model_len:
+        raise APIError(f"truncate_prompt_tokens must be -1 or between 1 and "
+                       f"{max_model_len - 1}, got {keep}", param="truncate_prompt_tokens")
+    return token_ids[-keep:]
