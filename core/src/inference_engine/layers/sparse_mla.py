@@ -135,20 +135,25 @@ class SparseMLAAttention(MLAAttention):
 
     def _decode_selected(self, q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor,
                          metadata: AttentionMetadata, positions: torch.Tensor) -> torch.Tensor:
-        """One query per sequence over its selected latents only, absorbed weights."""
+        """One query per sequence over its selected latents only, absorbed weights.
+
+        Single-KV-head attention as two batched matmuls (scores ``[n, H, k]``), so the
+        selected latents are never repeated per head.
+        """
         n = q_nope.shape[0]
         w_uk, w_uv = self._kv_b()
         q_lat = torch.einsum("nhd,hdr->nhr", q_nope, w_uk)
-        q = torch.cat((q_lat, q_pe), dim=-1).unsqueeze(2)  # [n, H, 1, rank + rope]
+        q = torch.cat((q_lat, q_pe), dim=-1)  # [n, H, rank + rope]
         blocks, offsets = selected_slots(positions, metadata.block_tables[:n],
                                          metadata.block_size)
         valid = positions >= 0  # [n, k]
         entries = cache[blocks, offsets, 0].to(q.dtype)  # [n, k, rank + rope]
-        entries = entries.masked_fill(~valid[..., None], 0.0).unsqueeze(1)
-        o_lat = torch.nn.functional.scaled_dot_product_attention(
-            q, entries, entries[..., :self.rank], attn_mask=valid[:, None, None, :],
-            scale=self.scale, enable_gqa=True)  # [n, H, 1, rank]
-        return torch.einsum("nhr,hvr->nhv", o_lat[:, :, 0], w_uv)
+        # NOTE: a -1 pick reads position 0's slot; zero it so nothing non-finite leaks in.
+        entries = entries.masked_fill(~valid[..., None], 0.0)
+        scores = torch.bmm(q, entries.transpose(1, 2)).float() * self.scale  # [n, H, k]
+        probs = scores.masked_fill(~valid[:, None, :], float("-inf")).softmax(dim=-1)
+        o_lat = torch.bmm(probs.to(q.dtype), entries[..., :self.rank])  # [n, H, rank]
+        return torch.einsum("nhr,hvr->nhv", o_lat, w_uv)
 
     def extra_repr(self) -> str:
         shared = "" if self.indexer is not None else ", selection=previous layer"

@@ -1,0 +1,139 @@
+"""Decode step time of DSA sparse MLA vs dense MLA for one attention layer on a long context.
+
+One DeepSeek-V3.2-shaped attention layer (``SparseMLAAttention`` with its
+lightning indexer; random weights) over a paged pool whose blocks are filled
+with random latents and indexer keys for ``--context`` tokens. The parts of a
+decode step of ``--batch`` sequences are timed: the indexer (scores over every
+cached key + top-k), attention over the ``--topk`` selected latents gathered
+from the pool, attention over all cached latents by the same code (the dense
+cost sparsity replaces), the dense MLA decode the engine runs below top-k
+(SDPA over the gathered blocks), and the whole sparse layer step (projections
+included).
+Default sizes are DeepSeek-V3.2's (128 heads, kv rank 512, rope 64, nope 128, v 128,
+q rank 1536, indexer 64 heads x 128); ``--heads``/``--index-heads`` shrink them.
+
+Run:  .venv/bin/python bench/sparse_attention.py [--context 8192 --topk 2048 --device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import transformers
+from inference_engine.builtin.attention.torch_sdpa import TorchSDPABackend
+from inference_engine.builtin.quant.unquantized import UnquantizedMethod
+from inference_engine.engine.kv_cache import KVCachePool
+from inference_engine.interfaces.model import ModelContext
+from inference_engine.layers.rotary import RotaryEmbedding, rope_parameters
+from inference_engine.layers.sparse_mla import SparseMLAAttention
+from inference_engine.testing_parity import Seq, make_step
+
+
+def build_layer(args: argparse.Namespace, topk: int, device: torch.device,
+                dtype: torch.dtype) -> tuple[SparseMLAAttention, KVCachePool, object]:
+    config = transformers.DeepseekV32Config(
+        hidden_size=args.hidden, num_attention_heads=args.heads, num_key_value_heads=args.heads,
+        q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+        v_head_dim=128, index_n_heads=args.index_heads, index_head_dim=128, index_topk=topk,
+        num_hidden_layers=1, max_position_embeddings=args.context + 16)
+    ctx = ModelContext(config, dtype, UnquantizedMethod(), TorchSDPABackend, device)
+    torch.manual_seed(0)
+    layer = SparseMLAAttention(ctx, "model.layers.0.self_attn").to(device)
+    with torch.no_grad():
+        for param in layer.parameters():
+            param.normal_(0, 0.02)
+    blocks_per_seq = -(-(args.context + 1) // args.block_size)
+    specs = [layer.kv_cache_spec(), layer.indexer.kv_cache_spec()]
+    pool = KVCachePool(specs, args.block_size, args.batch * blocks_per_seq + 1, device)
+    layer.kv_cache = pool.layer_views(0)
+    layer.indexer.kv_cache = pool.layer_views(1)
+    gen = torch.Generator(device=device).manual_seed(1)
+    for view in (layer.kv_cache[0], layer.indexer.kv_cache[0]):
+        view.copy_(torch.randn(view.shape, generator=gen, device=device, dtype=view.dtype))
+    return layer, pool, config
+
+
+def time_parts(layer: SparseMLAAttention, config: object, args: argparse.Namespace,
+               device: torch.device, dtype: torch.dtype) -> dict[str, float]:
+    """Median seconds of each part of a decode step at ``--context`` cached tokens."""
+    blocks_per_seq = -(-(args.context + 1) // args.block_size)
+    seqs = [Seq([0] * (args.context + 1), args.context,
+                list(range(1 + i * blocks_per_seq, 1 + (i + 1) * blocks_per_seq)))
+            for i in range(args.batch)]
+    _, positions, metadata = make_step(seqs, args.block_size)
+    for name in ("query_start_loc", "seq_lens", "block_tables", "slot_blocks", "slot_offsets"):
+        setattr(metadata, name, getattr(metadata, name).to(device))
+    rope = RotaryEmbedding(64, args.context + 16, rope_parameters(config),
+                           dtype).to(device).lookup(positions.to(device))
+    hidden = torch.randn(args.batch, args.hidden, device=device, dtype=dtype)
+    q_nope = torch.randn(args.batch, args.heads, 128, device=device, dtype=dtype)
+    q_pe = torch.randn(args.batch, args.heads, 64, device=device, dtype=dtype)
+    (cache,) = layer.kv_cache
+    everything = torch.arange(args.context + 1, device=device).expand(args.batch, -1)
+    with torch.inference_mode():
+        q_latent = layer.q_a_layernorm(layer.q_a_proj(hidden))
+        selected = layer.indexer(hidden, q_latent, rope, metadata)
+        parts = {
+            "indexer (scores + top-k)": lambda: layer.indexer(hidden, q_latent, rope, metadata),
+            f"attend top-{args.topk} (gathered)": lambda: layer._decode_selected(
+                q_nope, q_pe, cache, metadata, selected),
+            f"attend all {args.context + 1} (same path)": lambda: layer._decode_selected(
+                q_nope, q_pe, cache, metadata, everything),
+            "whole sparse layer step": lambda: layer(hidden, rope, metadata),
+        }
+        if args.mla_dense:
+            parts["dense MLA decode (SDPA, absorbed)"] = lambda: layer._decode_absorbed(
+                q_nope, q_pe, cache, metadata)
+        times = {}
+        for name, fn in parts.items():
+            samples = []
+            for i in range(args.warmup + args.iters):
+                sync(device)
+                start = time.perf_counter()
+                fn()
+                sync(device)
+                if i >= args.warmup:
+                    samples.append(time.perf_counter() - start)
+            times[name] = statistics.median(samples)
+    return times
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--context", type=int, default=8192)
+    parser.add_argument("--topk", type=int, default=2048)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--heads", type=int, default=128)
+    parser.add_argument("--index-heads", type=int, default=64)
+    parser.add_argument("--hidden", type=int, default=7168)
+    parser.add_argument("--block-size", type=int, default=64)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--no-mla-dense", dest="mla_dense", action="store_false",
+                        help="skip the engine's dense MLA decode (on CPU in bf16 it expands the "
+                             "latents per head: ~5 GB per sequence at 8k x 128 heads)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--iters", type=int, default=5)
+    args = parser.parse_args()
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    print(f"context {args.context}, top-k {args.topk}, batch {args.batch}, heads {args.heads}, "
+          f"indexer heads {args.index_heads}, {args.dtype} on {device}")
+    layer, _, config = build_layer(args, args.topk, device, dtype)
+    times = time_parts(layer, config, args, device, dtype)
+    for name, seconds in times.items():
+        print(f"{name:40s} {seconds * 1e3:9.2f} ms")
+    sparse = times["indexer (scores + top-k)"] + times[f"attend top-{args.topk} (gathered)"]
+    dense = times[f"attend all {args.context + 1} (same path)"]
+    print(f"sparse (indexer + top-k attention) / dense attention, same path: "
+          f"{sparse / dense:.2f}")
+
+if __name__ == "__main__":
+    main()
