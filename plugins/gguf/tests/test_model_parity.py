@@ -145,7 +145,7 @@ def test_q8_layers_compute_llamacpp_arithmetic_in_the_engine(case, tmp_path, tok
         else:
             parts = [(raw_rows(module, i), seg.qtype, seg.row_offset, seg.num_rows,
                       module.gguf_packed[i]) for i, seg in enumerate(module.gguf_segments)]
-        for raw, part_type, start, rows, packed in parts:
+        for raw, part_type, start, rows, _packed in parts:
             if part_type in K_QUANTS:
                 reference = q8k_matmul_reference
             elif part_type in q8k_kernels.Q8_TYPES:  # Q8_0 / Q8_1 activations, as llama.cpp

@@ -234,3 +234,17 @@ def test_q8_0_tiles_match_reference(qtype, m):
     for cols, raw in ((slice(0, 48), raws[0]), (slice(48, 80), raws[1])):
         ref, magnitude = q80_matmul_reference(x, raw, qtype)
         assert_close(out[:, cols], ref, magnitude)
+
+
+@pytest.mark.parametrize("qtype", [T.F16, T.BF16], ids=lambda t: t.name)
+def test_half_weights_round_activations_to_their_type_in_q8_mode(qtype):
+    """llama.cpp's F16 / BF16 matmuls convert the activations to that type (vec_dot_type)."""
+    half = torch.float16 if qtype == T.F16 else torch.bfloat16
+    w = (torch.randn(24, 256, generator=torch.Generator().manual_seed(3)) * 0.1).to(half)
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(4))
+    ref = x.to(half).double() @ w.double().t()
+    q8 = tiled_linear(x, w, qtype, activations="q8")
+    exact = tiled_linear(x, w, qtype, activations="float")
+    magnitude = x.to(half).double().abs() @ w.double().abs().t()
+    assert ((q8.double() - ref).abs() <= magnitude * 2**-20).all()
+    assert (exact.double() - ref).abs().max() > 100 * (q8.double() - ref).abs().max()

@@ -76,9 +76,8 @@ def kernel() -> Any | None:
 
 def activation_rounding(qtype: GGMLQuantizationType) -> str | None:
     """``"Q8_K"``, ``"Q8_0"`` or ``"Q8_1"``: how llama.cpp rounds the activations a weight of
-    this type multiplies on CPU; None for the types it multiplies by float ones (F32, F16,
-    BF16 are float dot products there too; F16 / BF16 round the activations to their own
-    type, which is not done here)."""
+    this type multiplies on CPU; None for the float types (F16 / BF16 round the activations
+    to their own type: :func:`inference_engine_gguf.quant_method.tiled_linear` does that)."""
     if qtype in Q8K_TYPES:
         return "Q8_K"
     if qtype in Q80_TYPES:

@@ -27,8 +27,9 @@ llama.cpp's arithmetic for the block types: each activation row is rounded to Q8
 (:mod:`inference_engine_gguf.q8k_kernels`), so logits follow
 llama.cpp's on the same file, and decode is faster. ``float`` keeps activations in the
 compute dtype, so the result is the exact product with the dequantized weights (what
-transformers computes on them). Float types, other devices, and the 32-value block types
-where the C++ kernel is not built always use float.
+transformers computes on them). F16 / BF16 weights in ``q8`` multiply activations rounded
+to F16 / BF16 first, as llama.cpp's CPU backend does (in float32 arithmetic). Other devices,
+and the 32-value block types where the C++ kernel is not built, always use float.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ TILE_VALUES = 1 << 22
 RAW_PREFIX = "gguf_raw"
 # ``activations`` values: llama.cpp's 8-bit activations for the block types, or float.
 ACTIVATION_MODES = ("q8", "float")
+# Float weight types whose llama.cpp CPU matmul rounds the activations to the same type.
+HALF_TYPES = frozenset({T.F16, T.BF16})
 # ``accumulate`` values: float tensors multiplied in the compute dtype, or in float64.
 ACCUMULATE_MODES = ("default", "float64")
 
@@ -81,8 +84,8 @@ def tiled_linear(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType
     """``x @ W.T`` for ``W`` = dequantize(raw), one tile of rows at a time.
 
     With ``activations="q8"``, block-type weights on CPU take llama.cpp's route
-    (:func:`inference_engine_gguf.q8k_kernels.q8_linear`; K-quants also without the kernel). Otherwise, on CPU in
-    float32, block types go to the fused C++ kernel of
+    (:func:`inference_engine_gguf.q8k_kernels.q8_linear`; K-quants also without the
+    kernel). Otherwise, on CPU in float32, block types go to the fused C++ kernel of
     :mod:`inference_engine_gguf.cpu_kernels` when it is built; elsewhere (and for
     float types, other devices and dtypes) torch dequantizes a tile and
     ``F.linear`` multiplies it.
@@ -98,6 +101,9 @@ def tiled_linear(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType
     Returns:
         ``[T, N]`` in ``x.dtype``.
     """
+    if activations == "q8" and qtype in HALF_TYPES and x.device.type == "cpu":
+        # llama.cpp converts the activations of an F16 / BF16 matmul to that type first.
+        x = x.to(FLOAT_DTYPES[qtype]).to(x.dtype)
     if activations == "q8" and x.device.type == "cpu" and (
             qtype in q8k_kernels.Q8K_TYPES
             or (qtype in q8k_kernels.Q8_TYPES and q8k_kernels.kernel() is not None)):
