@@ -280,3 +280,30 @@ def test_async_llm_coalesces_unread_outputs(tiny_model_dirs):
     assert len(eager) > 1 and len(late) == 1
     assert late[0].finished and late[0].outputs[0].text == eager[-1].outputs[0].text
     assert late[0].outputs[0].token_ids == eager[-1].outputs[0].token_ids
+
+
+# ---- 1: an unexpected exception is a well-formed 500 inside CORS ------------------
+def test_unhandled_errors_become_openai_500s_with_cors_headers():
+    from starlette.applications import Starlette
+    from starlette.middleware.cors import CORSMiddleware
+    from starlette.routing import Route
+
+    from inference_engine.entrypoints.openai.errors import InternalErrorMiddleware
+
+    async def broken(request):
+        raise KeyError("internal detail")
+
+    app = Starlette(routes=[Route("/broken", broken)])
+    app.add_middleware(InternalErrorMiddleware)
+    app.add_middleware(CORSMiddleware, allow_origins=[ORIGIN])
+
+    async def call() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return await client.get("/broken", headers={"Origin": ORIGIN})
+
+    r = asyncio.run(call())
+    error = assert_error(r, 500, None)
+    assert error["type"] == "server_error" and "KeyError" in error["message"]
+    assert "internal detail" not in error["message"]
+    assert r.headers["access-control-allow-origin"] == ORIGIN
