@@ -3,7 +3,9 @@
 DeepSeek-V3.2 and GLM-5 attend, per query, only the ``index_topk`` cached
 positions their :class:`~inference_engine.layers.dsa_indexer.LightningIndexer`
 scores highest. Decodes gather just those latents from the paged pool (by
-block table, in place) and attend them with the absorbed weights, so a decode
+block table, in place) and attend them with the absorbed weights
+(:func:`sparse_latent_attention_torch`, or the Triton kernel of
+:mod:`inference_engine.layers.triton_sparse_mla` on GPU platforms), so a decode
 step reads ``index_topk`` entries however long the context; prefill chunks
 expand their sequence's latents and mask everything not selected. While no
 context in the step is longer than ``index_topk`` every query keeps all it
@@ -22,10 +24,12 @@ from inference_engine.builtin.attention.common import attend_sequence, gather_co
 from inference_engine.interfaces.attention import AttentionMetadata
 from inference_engine.interfaces.model import ModelContext
 from inference_engine.layers.dsa_indexer import LightningIndexer
+from inference_engine.layers.fused_op_choice import choose_fused_op
 from inference_engine.layers.mla import MLAAttention
 from inference_engine.layers.rotary import RotaryTable
 
-__all__ = ["SELECTION_KEY", "SparseMLAAttention", "selected_slots"]
+__all__ = ["SELECTION_KEY", "SparseMLAAttention", "selected_slots",
+           "sparse_latent_attention_torch"]
 
 # Where a layer with an indexer leaves the step's selection for the shared layers after it.
 SELECTION_KEY = "dsa_selection"
@@ -47,6 +51,36 @@ def selected_slots(positions: torch.Tensor, block_table: torch.Tensor,
     return blocks, pos % block_size
 
 
+def sparse_latent_attention_torch(q: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor,
+                                  block_tables: torch.Tensor, rank: int,
+                                  scale: float) -> torch.Tensor:
+    """The reference sparse decode: ``[n, H, rank]`` attention outputs over the selected latents.
+
+    Single-KV-head attention as two batched matmuls (scores ``[n, H, k]``), so the
+    gathered latents are never repeated per head.
+
+    Args:
+        q: ``[n, H, rank + rope]`` absorbed queries ``[q_lat | q_pe]``.
+        cache: the layer's pool view ``[num_blocks, block_size, 1, rank + rope]``.
+        positions: ``[n, k]`` selected positions per query, ``-1`` for none.
+        block_tables: ``[n, max_blocks]`` each query's sequence's block ids.
+    """
+    blocks, offsets = selected_slots(positions, block_tables, cache.shape[1])
+    valid = positions >= 0  # [n, k]
+    entries = cache[blocks, offsets, 0].to(q.dtype)  # [n, k, rank + rope]
+    # NOTE: a -1 pick reads position 0's slot; zero it so nothing non-finite leaks in.
+    entries = entries.masked_fill(~valid[..., None], 0.0)
+    scores = torch.bmm(q, entries.transpose(1, 2)).float() * scale  # [n, H, k]
+    probs = scores.masked_fill(~valid[:, None, :], float("-inf")).softmax(dim=-1)
+    return torch.bmm(probs.to(q.dtype), entries[..., :rank])
+
+
+def _sparse_latent_attention_triton(*args: object) -> torch.Tensor:
+    from inference_engine.layers.triton_sparse_mla import sparse_latent_attention_triton
+
+    return sparse_latent_attention_triton(*args)
+
+
 class SparseMLAAttention(MLAAttention):
     """:class:`MLAAttention` over the indexer's top-k positions.
 
@@ -65,6 +99,8 @@ class SparseMLAAttention(MLAAttention):
                              f"the indexer's queries come from the q latent")
         self.indexer = (LightningIndexer(ctx, f"{prefix}.indexer", rope_interleaved_indexer)
                         if has_indexer else None)
+        # "triton" (GPU platforms): the sparse decode kernel; else the torch reference.
+        self.sparse_decode_impl = choose_fused_op(getattr(ctx, "device", None))
 
     def forward(self, hidden: torch.Tensor, rope: RotaryTable,
                 metadata: AttentionMetadata) -> torch.Tensor:
@@ -135,25 +171,15 @@ class SparseMLAAttention(MLAAttention):
 
     def _decode_selected(self, q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor,
                          metadata: AttentionMetadata, positions: torch.Tensor) -> torch.Tensor:
-        """One query per sequence over its selected latents only, absorbed weights.
-
-        Single-KV-head attention as two batched matmuls (scores ``[n, H, k]``), so the
-        selected latents are never repeated per head.
-        """
+        """One query per sequence over its selected latents only, absorbed weights."""
         n = q_nope.shape[0]
         w_uk, w_uv = self._kv_b()
         q_lat = torch.einsum("nhd,hdr->nhr", q_nope, w_uk)
         q = torch.cat((q_lat, q_pe), dim=-1)  # [n, H, rank + rope]
-        blocks, offsets = selected_slots(positions, metadata.block_tables[:n],
-                                         metadata.block_size)
-        valid = positions >= 0  # [n, k]
-        entries = cache[blocks, offsets, 0].to(q.dtype)  # [n, k, rank + rope]
-        # NOTE: a -1 pick reads position 0's slot; zero it so nothing non-finite leaks in.
-        entries = entries.masked_fill(~valid[..., None], 0.0)
-        scores = torch.bmm(q, entries.transpose(1, 2)).float() * self.scale  # [n, H, k]
-        probs = scores.masked_fill(~valid[:, None, :], float("-inf")).softmax(dim=-1)
-        o_lat = torch.bmm(probs.to(q.dtype), entries[..., :self.rank])  # [n, H, rank]
-        return torch.einsum("nhr,hvr->nhv", o_lat, w_uv)
+        attend = (sparse_latent_attention_torch if self.sparse_decode_impl != "triton"
+                  else _sparse_latent_attention_triton)
+        o_lat = attend(q, cache, positions, metadata.block_tables[:n], self.rank, self.scale)
+        return torch.einsum("nhr,hvr->nhv", o_lat.to(q.dtype), w_uv)
 
     def extra_repr(self) -> str:
         shared = "" if self.indexer is not None else ", selection=previous layer"
