@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <string>
 #include <vector>
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -152,19 +154,13 @@ void attend(const float* qs, const Rows<T>& K, const Rows<T>& V, int64_t kh, int
   }
 }
 
+// Decode attention of n sequences on plain pointers: q rows (n, kvh, g, d) with sequence
+// stride qs_stride (heads of a sequence adjacent, d contiguous) -> out [n, kvh, g, d] dense.
 template <typename T>
-void decode_all(const torch::Tensor& q, const torch::Tensor& k_cache,
-                const torch::Tensor& v_cache, const torch::Tensor& tables,
-                const torch::Tensor& lens, float sc, int64_t window, torch::Tensor& out) {
-  const int64_t n = q.size(0), kvh = q.size(1), g = q.size(2), d = q.size(3);
-  const int64_t bs = k_cache.size(1);
-  const float* qp = q.data_ptr<float>();
-  const T* kp = k_cache.data_ptr<T>();
-  const T* vp = v_cache.data_ptr<T>();
-  const int64_t* tp = tables.data_ptr<int64_t>();
-  const int64_t* lp = lens.data_ptr<int64_t>();
-  float* op = out.data_ptr<float>();
-  const int64_t tstride = tables.stride(0);
+void decode_rows(const float* qp, int64_t qs_stride, int64_t n, int64_t kvh, int64_t g,
+                 int64_t d, const T* kp, const int64_t* k_strides, const T* vp,
+                 const int64_t* v_strides, int64_t bs, const int64_t* tp, int64_t tstride,
+                 const int64_t* lp, float sc, int64_t window, float* op) {
   const int64_t rows = kvh * g;
   // One task per sequence (a token's rows of every head are adjacent); with fewer
   // sequences than threads, each KV head is its own task instead.
@@ -182,11 +178,11 @@ void decode_all(const torch::Tensor& q, const torch::Tensor& k_cache,
     const int64_t len = lp[s];
     const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
     const int64_t* table = tp + s * tstride;
-    const Rows<T> K{kp, table, k_cache.stride(0), k_cache.stride(1), bs};
-    const Rows<T> V{vp, table, v_cache.stride(0), v_cache.stride(1), bs};
-    const float* qs = qp + s * rows * d;
+    const Rows<T> K{kp, table, k_strides[0], k_strides[1], bs};
+    const Rows<T> V{vp, table, v_strides[0], v_strides[1], bs};
+    const float* qs = qp + s * qs_stride;
     float* os = op + s * rows * d;
-    const int64_t kh = k_cache.stride(2), vh = v_cache.stride(2);
+    const int64_t kh = k_strides[2], vh = v_strides[2];
     switch (d) {
       case 64: attend<T, 4>(qs, K, V, kh, vh, h0, h1, g, d, first, len, sc, os); break;
       case 128: attend<T, 8>(qs, K, V, kh, vh, h0, h1, g, d, first, len, sc, os); break;
@@ -232,21 +228,65 @@ inline void store_row(at::BFloat16* dst, const float* src, int64_t d) {
   }
 }
 
+// Rows i of src (element (i, h, e) at src + i * st + h * sh + e) stored at (blocks[i],
+// offsets[i]) of a cache with strides cs = (block, token, head), rounded to T.
 template <typename T>
-void write_rows(torch::Tensor& cache, const torch::Tensor& src, const int64_t* blocks,
+void write_rows(T* cp, const int64_t* cs, const float* sp, int64_t st, int64_t sh,
+                int64_t t_count, int64_t heads, int64_t d, const int64_t* blocks,
                 const int64_t* offsets) {
-  const int64_t t_count = src.size(0), heads = src.size(1), d = src.size(2);
-  T* cp = cache.data_ptr<T>();
-  const float* sp = src.data_ptr<float>();
-  const int64_t cb = cache.stride(0), ct = cache.stride(1), ch = cache.stride(2);
-  const int64_t st = src.stride(0), sh = src.stride(1);
   for (int64_t i = 0; i < t_count; ++i) {
-    T* dst = cp + blocks[i] * cb + offsets[i] * ct;
+    T* dst = cp + blocks[i] * cs[0] + offsets[i] * cs[1];
     const float* row = sp + i * st;
-    for (int64_t h = 0; h < heads; ++h) store_row(dst + h * ch, row + h * sh, d);
+    for (int64_t h = 0; h < heads; ++h) store_row(dst + h * cs[2], row + h * sh, d);
   }
 }
 
+}  // namespace
+
+// The plain-pointer bodies of paged_decode and write_kv, for kernels that chain them
+// without Python (csrc/cpu_decode_step.cpp reaches them through entry_points()).
+// cache_bf16: the caches hold bfloat16 (else float32); *_strides: (block, token, head)
+// element strides of the [num_blocks, bs, kvh, d] caches (d contiguous).
+extern "C" void ie_paged_decode_raw(const float* q, int64_t qs_stride, int64_t n, int64_t kvh,
+                                    int64_t g, int64_t d, const void* k_cache,
+                                    const int64_t* k_strides, const void* v_cache,
+                                    const int64_t* v_strides, int64_t bs, int cache_bf16,
+                                    const int64_t* tables, int64_t tstride, const int64_t* lens,
+                                    float scale, int64_t window, float* out) {
+  if (cache_bf16)
+    decode_rows<at::BFloat16>(q, qs_stride, n, kvh, g, d,
+                              static_cast<const at::BFloat16*>(k_cache), k_strides,
+                              static_cast<const at::BFloat16*>(v_cache), v_strides, bs, tables,
+                              tstride, lens, scale, window, out);
+  else
+    decode_rows<float>(q, qs_stride, n, kvh, g, d, static_cast<const float*>(k_cache), k_strides,
+                       static_cast<const float*>(v_cache), v_strides, bs, tables, tstride, lens,
+                       scale, window, out);
+}
+
+// key/value rows (strides (token, head), d contiguous) of T tokens stored at their slots.
+extern "C" void ie_write_kv_raw(void* k_cache, const int64_t* k_strides, void* v_cache,
+                                const int64_t* v_strides, int cache_bf16, const float* key,
+                                int64_t kt, int64_t kh, const float* value, int64_t vt,
+                                int64_t vh, int64_t t_count, int64_t heads, int64_t d,
+                                const int64_t* blocks, const int64_t* offsets) {
+  if (cache_bf16) {
+    write_rows(static_cast<at::BFloat16*>(k_cache), k_strides, key, kt, kh, t_count, heads, d,
+               blocks, offsets);
+    write_rows(static_cast<at::BFloat16*>(v_cache), v_strides, value, vt, vh, t_count, heads, d,
+               blocks, offsets);
+  } else {
+    write_rows(static_cast<float*>(k_cache), k_strides, key, kt, kh, t_count, heads, d, blocks,
+               offsets);
+    write_rows(static_cast<float*>(v_cache), v_strides, value, vt, vh, t_count, heads, d, blocks,
+               offsets);
+  }
+}
+
+namespace {
+std::vector<int64_t> strides3(const torch::Tensor& cache) {
+  return {cache.stride(0), cache.stride(1), cache.stride(2)};
+}
 }  // namespace
 
 // q [n, kvh, g, d] float32 contiguous; caches [num_blocks, bs, kvh, d] float32 or
@@ -266,11 +306,12 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   TORCH_CHECK(q.size(1) * q.size(2) <= 256, "at most 256 query heads");
   TORCH_CHECK(k_cache.size(1) <= 16, "block size at most 16");
   auto out = torch::empty_like(q);
-  const float sc = static_cast<float>(scale);
-  if (ct == torch::kFloat32)
-    decode_all<float>(q, k_cache, v_cache, tables, lens, sc, window, out);
-  else
-    decode_all<at::BFloat16>(q, k_cache, v_cache, tables, lens, sc, window, out);
+  const auto ks = strides3(k_cache), vs = strides3(v_cache);
+  ie_paged_decode_raw(q.data_ptr<float>(), q.size(1) * q.size(2) * q.size(3), q.size(0),
+                      q.size(1), q.size(2), q.size(3), k_cache.data_ptr(), ks.data(),
+                      v_cache.data_ptr(), vs.data(), k_cache.size(1), ct == torch::kBFloat16,
+                      tables.data_ptr<int64_t>(), tables.stride(0), lens.data_ptr<int64_t>(),
+                      static_cast<float>(scale), window, out.data_ptr<float>());
   return out;
 }
 
@@ -293,18 +334,21 @@ void write_kv(torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor key,
     TORCH_CHECK(bp[i] >= 0 && bp[i] < nb && op[i] >= 0 && op[i] < bs, "slot out of range");
   const auto ct = k_cache.scalar_type();
   TORCH_CHECK(ct == v_cache.scalar_type() && (ct == torch::kFloat32 || ct == torch::kBFloat16));
-  if (ct == torch::kFloat32) {
-    write_rows<float>(k_cache, key, bp, op);
-    write_rows<float>(v_cache, value, bp, op);
-  } else {
-    write_rows<at::BFloat16>(k_cache, key, bp, op);
-    write_rows<at::BFloat16>(v_cache, value, bp, op);
-  }
+  const auto ks = strides3(k_cache), vs = strides3(v_cache);
+  ie_write_kv_raw(k_cache.data_ptr(), ks.data(), v_cache.data_ptr(), vs.data(),
+                  ct == torch::kBFloat16, key.data_ptr<float>(), key.stride(0), key.stride(1),
+                  value.data_ptr<float>(), value.stride(0), value.stride(1), key.size(0),
+                  key.size(1), key.size(2), bp, op);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", torch::wrap_pybind_function(paged_decode), "paged_decode");
   m.def("write_kv", torch::wrap_pybind_function(write_kv), "write_kv");
+  m.def("entry_points", []() {
+    return std::map<std::string, int64_t>{
+        {"paged_decode", reinterpret_cast<int64_t>(&ie_paged_decode_raw)},
+        {"write_kv", reinterpret_cast<int64_t>(&ie_write_kv_raw)}};
+  }, "addresses of the plain-pointer kernels");
   m.def("set_parallel_runner", torch::wrap_pybind_function(set_parallel_runner),
         "set_parallel_runner");
 }

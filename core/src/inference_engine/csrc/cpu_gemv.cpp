@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <type_traits>
 #include <algorithm>
+#include <map>
+#include <string>
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
@@ -237,20 +239,15 @@ bool has_dpbf16() {
 #endif
 }
 
-// x [M, K] float32 (rows contiguous), packed w (pack_bf16) -> y [M, N] float32 (+ bias),
-// float32 multiply-adds of the exact widened weights: the decode-sized GEMV.
-torch::Tensor gemv_packed(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
-  TORCH_CHECK(available(), "the bf16 GEMV kernel needs AVX-512");
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.stride(1) == 1);
-  TORCH_CHECK(w.dim() == 4 && w.scalar_type() == torch::kBFloat16 && w.is_contiguous());
-  const int64_t M = x.size(0), K = x.size(1), groups = w.size(0), N = groups * 16;
-  TORCH_CHECK(w.size(1) * 2 == K, "x and w disagree on K");
-  auto y = torch::empty({M, N}, x.options());
+// y [M, N] = x [M, K] (row stride ldx) times packed w [N/16, K/2, 16, 2] (pack_bf16),
+// plus bias [N] where not null: float32 multiply-adds of the exact widened weights. The
+// body of gemv_packed on plain pointers, for kernels that chain it without Python
+// (csrc/cpu_decode_step.cpp reaches it through entry_points()).
+extern "C" void ie_gemv_packed_raw(const float* xp, int64_t ldx, int64_t M, int64_t K,
+                                   const at::BFloat16* wp, int64_t groups, const float* bias,
+                                   float* yp) {
+  const int64_t N = groups * 16;
 #ifdef __AVX512F__
-  const float* xp = x.data_ptr<float>();
-  const int64_t ldx = x.stride(0);
-  const at::BFloat16* wp = w.data_ptr<at::BFloat16>();
-  float* yp = y.data_ptr<float>();
   const int64_t gs = K * 16;
   packed_tasks(M, groups, 8, [&](int64_t m0, int64_t m1, int64_t g0, int64_t gn) {
     const at::BFloat16* wg = wp + g0 * gs;
@@ -263,7 +260,31 @@ torch::Tensor gemv_packed(torch::Tensor x, torch::Tensor w, c10::optional<torch:
     });
   });
 #endif
-  if (bias.has_value()) y.add_(bias->to(torch::kFloat32));
+  if (bias != nullptr) {
+    for (int64_t m = 0; m < M; ++m) {
+      float* y = yp + m * N;
+#pragma omp simd
+      for (int64_t n = 0; n < N; ++n) y[n] += bias[n];
+    }
+  }
+}
+
+// x [M, K] float32 (rows contiguous), packed w (pack_bf16) -> y [M, N] float32 (+ bias),
+// float32 multiply-adds of the exact widened weights: the decode-sized GEMV.
+torch::Tensor gemv_packed(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(available(), "the bf16 GEMV kernel needs AVX-512");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.stride(1) == 1);
+  TORCH_CHECK(w.dim() == 4 && w.scalar_type() == torch::kBFloat16 && w.is_contiguous());
+  const int64_t M = x.size(0), K = x.size(1), groups = w.size(0), N = groups * 16;
+  TORCH_CHECK(w.size(1) * 2 == K, "x and w disagree on K");
+  auto y = torch::empty({M, N}, x.options());
+  torch::Tensor b;
+  if (bias.has_value()) {
+    b = bias->to(torch::kFloat32).contiguous();
+    TORCH_CHECK(b.numel() == N, "bias has ", b.numel(), " values for ", N, " outputs");
+  }
+  ie_gemv_packed_raw(x.data_ptr<float>(), x.stride(0), M, K, w.data_ptr<at::BFloat16>(), groups,
+                     bias.has_value() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>());
   return y;
 }
 
@@ -319,6 +340,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemv_packed", torch::wrap_pybind_function(gemv_packed), "gemv_packed");
   m.def("gemm_packed", torch::wrap_pybind_function(gemm_packed), "gemm_packed");
   m.def("has_dpbf16", torch::wrap_pybind_function(has_dpbf16), "has_dpbf16");
+  m.def("entry_points", []() {
+    return std::map<std::string, int64_t>{
+        {"gemv_packed", reinterpret_cast<int64_t>(&ie_gemv_packed_raw)}};
+  }, "addresses of the plain-pointer kernels");
   m.def("set_parallel_runner", torch::wrap_pybind_function(set_parallel_runner),
         "set_parallel_runner");
 }

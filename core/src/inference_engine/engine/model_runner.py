@@ -173,6 +173,7 @@ class ModelRunner:
             backend = getattr(layer, "backend", None)
             if backend is not None:
                 backend.prepare(self.device, self.pool.specs[i].dtype)
+        self.model.kv_cache_bound()
         return self.pool
 
     def release_kv_cache(self) -> None:
@@ -180,6 +181,7 @@ class ModelRunner:
         for layer in self.layers:
             layer.kv_cache = None
         self.pool = None
+        self.model.kv_cache_bound()
 
     def graphs_possible(self) -> tuple[bool, str]:
         """Whether decode steps can be captured here, and if not why."""

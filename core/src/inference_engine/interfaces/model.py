@@ -57,6 +57,11 @@ class CausalLM(nn.Module, ABC):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits ``[n, vocab]`` for selected hidden states ``[n, hidden]``."""
 
+    def kv_cache_bound(self) -> None:
+        """Called by the model runner after it binds the attention layers' caches, and after
+        it drops them: a model may bind per-cache state here (the CPU decode step does).
+        Nothing by default."""
+
     @abstractmethod
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load checkpoint tensors by checkpoint name; return the names consumed.

@@ -31,6 +31,7 @@ from torch import nn
 from inference_engine.interfaces.attention import AttentionMetadata
 from inference_engine.interfaces.model import CausalLM, ModelContext
 from inference_engine.layers.attention import Attention
+from inference_engine.layers.cpu_decode_step import CpuDecodeStep, build_decode_step
 from inference_engine.layers.cpu_fused import fused_rms_norm
 from inference_engine.layers.embedding import LMHead, VocabEmbedding
 from inference_engine.layers.fused_op_choice import choose_fused_op
@@ -259,6 +260,25 @@ class DecoderLayer(nn.Module):
         self.add_module(mlp_name, mlp)
         self.residual_scale = residual_scale
 
+    def cpu_decode_blocker(self) -> str | None:
+        """Why this layer is not the plain block :mod:`~inference_engine.layers.cpu_decode_step`
+        runs in C++ (None when it is): exactly this class with no residual scale, the shared
+        attention with the CPU q/k kernels, the gated SiLU MLP and RMSNorms on the CPU kernels."""
+        if type(self) is not DecoderLayer or self.residual_scale != 1.0:
+            return "not the plain pre-norm decoder layer"
+        for norm in (self.input_layernorm, self.post_attention_layernorm):
+            if type(norm) is not RMSNorm or norm.fused_op != "cpu":
+                return "its norms are not the CPU RMSNorm"
+        attn = self.self_attn
+        if type(attn) not in (DecoderAttention, QKNormAttention):
+            return f"attention {type(attn).__name__} is not the shared decoder's"
+        if attn._norm_rotate_qk not in (_rotate_qk, _norm_heads_rotate_qk_cpu):
+            return "q/k norm and rotary are not the CPU kernels"
+        mlp = self._modules[self.mlp_name]
+        if type(mlp) is not GatedMLP or mlp.fused_op != "cpu":
+            return "the MLP is not the gated SiLU MLP on the CPU kernel"
+        return None
+
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, rope: RotaryTable,
                 metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns ``(mlp output, residual stream)``; their sum is the layer's output."""
@@ -295,14 +315,25 @@ class DecoderModel(nn.Module):
         self.rotary_emb = RotaryEmbedding(head_dim_of(cfg), cfg.max_position_embeddings,
                                           rope_parameters(cfg), ctx.dtype,
                                           min_positions=ctx.max_model_len)
+        # The layers of a pure-decode step in one C++ call, bound with the KV cache
+        # (kv_cache_bound); None: layer by layer.
+        self.decode_step: CpuDecodeStep | None = None
+
+    def kv_cache_bound(self) -> None:
+        """Bind (or drop, without a cache) the C++ decode step for the current caches."""
+        self.decode_step = build_decode_step(self)
 
     def forward(self, hidden: torch.Tensor, positions: torch.Tensor,
                 metadata: AttentionMetadata) -> torch.Tensor:
         """Embedded tokens ``[T, hidden]``, ``positions [T]`` -> final-normed ``[T, hidden]``."""
         rope = self.rotary_emb.lookup(positions)
-        residual = None
-        for layer in self.layers:
-            hidden, residual = layer(hidden, residual, rope, metadata)
+        step = self.decode_step
+        if step is not None and step.applies(hidden, metadata):
+            hidden, residual = step.run(hidden, rope, metadata)
+        else:
+            residual = None
+            for layer in self.layers:
+                hidden, residual = layer(hidden, residual, rope, metadata)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
@@ -373,6 +404,9 @@ class DecoderForCausalLM(CausalLM):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
+
+    def kv_cache_bound(self) -> None:
+        self.model.kv_cache_bound()
 
     # ---- loading ---------------------------------------------------------------- #
 

@@ -1,0 +1,191 @@
+"""CPU single stream vs llama.cpp, and a fresh engine's 64 requests vs transformers.
+
+The issue-33 targets, side by side in one run:
+
+* batch-1 decode tokens/s, ours vs llama.cpp (llama-cpp-python), on the same weights:
+  bf16 (an HF folder for ours, llama.cpp's own BF16 conversion of the same F32 GGUF
+  for llama.cpp) and Q4_K_M (one file made by llama.cpp's ``llama_model_quantize``,
+  read by both). 32-token prompt, 128 greedy tokens, EOS ignored; the two systems
+  alternate, each in its own process, medians of ``--repeats``. Ours runs under
+  ``OMP_WAIT_POLICY=PASSIVE`` as started; llama.cpp at its defaults (spinning threads);
+* the 64-request workload of ``bench/offline_throughput.py`` from a *fresh* engine
+  (a new process: ``LLM(...)``, one warm-up request, then the run: what a user who
+  starts the engine and submits work sees), against transformers' batched generate
+  on the same bf16 folder.
+
+Model: the issue-3 bench architecture (random Qwen3, hidden 512, 8 layers, 8 heads /
+4 KV heads, head_dim 64, intermediate 1536, vocab 8192).
+
+Run:  OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/single_stream_vs_llamacpp.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+from gguf.constants import GGMLQuantizationType as T
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gguf_vs_llamacpp import (  # noqa: E402
+    VOCAB,
+    build_model,
+    find_llamacpp_python,
+    q4_k_m,
+    run_llamacpp,
+)
+from inference_engine import LLM, SamplingParams  # noqa: E402
+from inference_engine_gguf.export import export_to_gguf  # noqa: E402
+from offline_throughput import hf_throughput, ours_throughput, workload  # noqa: E402
+
+
+def ours_decode_rate(llm: LLM, prompt: list[int], new_tokens: int) -> float:
+    """Greedy tokens/s of one stream, timed from submission to the last token."""
+    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    start = time.perf_counter()
+    llm.generate({"prompt_token_ids": prompt}, params, use_tqdm=False)
+    return new_tokens / (time.perf_counter() - start)
+
+
+def fresh_engine_worker(folder: str, num_requests: int, new_tokens: int) -> None:
+    """Child process: start an engine, one warm-up request, then the workload; JSON on stdout."""
+    torch.set_flush_denormal(True)
+    prompts = workload(num_requests, torch.Generator().manual_seed(0))
+    start = time.perf_counter()
+    llm = LLM(folder, dtype="bfloat16", show_progress=False)
+    started = time.perf_counter() - start
+    llm.generate({"prompt_token_ids": prompts[0][:16]}, SamplingParams(max_tokens=4),
+                 use_tqdm=False)
+    rate = ours_throughput(llm, prompts, new_tokens)
+    print(json.dumps({"start_s": started, "tokens_per_s": rate}))
+
+
+def fresh_engine_run(folder: str, num_requests: int, new_tokens: int) -> dict:
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--fresh-worker", folder,
+         "--num-requests", str(num_requests), "--new-tokens", str(new_tokens)],
+        capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"fresh-engine worker failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--num-requests", type=int, default=64,
+                        help="requests of the fresh-engine workload")
+    parser.add_argument("--hf-batch", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per figure (median)")
+    parser.add_argument("--gguf-dtype", default="float32",
+                        help="our compute dtype on the Q4_K_M file")
+    parser.add_argument("--llamacpp-python", default=None)
+    parser.add_argument("--skip-fresh", action="store_true",
+                        help="skip the fresh-engine 64-request comparison")
+    parser.add_argument("--json", default=None, help="also write the figures here")
+    parser.add_argument("--fresh-worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.fresh_worker:
+        fresh_engine_worker(args.fresh_worker, args.num_requests, args.new_tokens)
+        return
+    torch.set_flush_denormal(True)
+    python = find_llamacpp_python(args.llamacpp_python)
+    print(f"llama.cpp side: {python or 'SKIPPED (llama-cpp-python not importable)'}")
+    results: dict[str, float | str] = {}
+    runs: dict[str, list[float]] = {}
+
+    def record(name: str, value: float) -> None:
+        runs.setdefault(name, []).append(value)
+        print(f"  {name}: {value:.1f}", flush=True)
+
+    with tempfile.TemporaryDirectory() as work:
+        print("building and exporting the model ...", flush=True)
+        hf, tokenizer = build_model(args.layers)
+        folder = os.path.join(work, "hf-bf16")
+        hf.to(torch.bfloat16).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        hf.float()
+        f32 = os.path.join(work, "model-f32.gguf")
+        export_to_gguf(hf, tokenizer, f32, T.F32, extra_control_tokens=VOCAB - len(tokenizer))
+        q4 = os.path.join(work, "model-q4_k_m.gguf")
+        bf16_gguf = os.path.join(work, "model-bf16.gguf")
+        if python is not None:
+            for dst, ftype in ((q4, "Q4_K_M"), (bf16_gguf, "BF16")):
+                run_llamacpp(python, {"op": "quantize", "src": f32, "dst": dst, "ftype": ftype},
+                             work)
+        else:
+            export_to_gguf(hf, tokenizer, q4, q4_k_m, extra_control_tokens=VOCAB - len(tokenizer))
+        del hf
+        rng = torch.Generator().manual_seed(0)
+        prompt = torch.randint(0, len(tokenizer), (args.prompt_tokens,), generator=rng).tolist()
+
+        engines = {
+            "bf16": LLM(folder, dtype="bfloat16", show_progress=False,
+                        enable_prefix_caching=False),
+            "Q4_K_M": LLM(q4, dtype=args.gguf_dtype, show_progress=False,
+                          enable_prefix_caching=False),
+        }
+        files = {"bf16": bf16_gguf, "Q4_K_M": q4}
+        for llm in engines.values():
+            ours_decode_rate(llm, prompt, 8)
+        for r in range(args.repeats):
+            print(f"round {r + 1}/{args.repeats}", flush=True)
+            for label, llm in engines.items():
+                record(f"ours batch-1 decode tok/s ({label})",
+                       ours_decode_rate(llm, prompt, args.new_tokens))
+                if python is not None:
+                    job = {"op": "decode", "model": files[label], "prompt": prompt,
+                           "new_tokens": args.new_tokens}
+                    record(f"llama.cpp batch-1 decode tok/s ({label})",
+                           run_llamacpp(python, job, work, spinning=True)["tokens_per_s"])
+        del engines
+
+        if not args.skip_fresh:
+            import transformers
+
+            prompts = workload(args.num_requests, torch.Generator().manual_seed(0))
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                folder, dtype=torch.bfloat16).eval()
+            hf_throughput(model, prompts[:2], 4, 2)
+            for r in range(args.repeats):
+                print(f"fresh-engine round {r + 1}/{args.repeats}", flush=True)
+                fresh = fresh_engine_run(folder, args.num_requests, args.new_tokens)
+                record("ours fresh engine start-up s", fresh["start_s"])
+                record(f"ours fresh engine {args.num_requests} requests tok/s",
+                       fresh["tokens_per_s"])
+                record(f"transformers {args.num_requests} requests tok/s (batch {args.hf_batch})",
+                       hf_throughput(model, prompts, args.new_tokens, args.hf_batch))
+
+    for name, values in runs.items():
+        results[name] = statistics.median(values)
+    for label in ("bf16", "Q4_K_M"):
+        ours, theirs = (results.get(f"{who} batch-1 decode tok/s ({label})")
+                        for who in ("ours", "llama.cpp"))
+        if ours and theirs:
+            results[f"batch-1 ours / llama.cpp ({label}, target >= 1.0)"] = round(ours / theirs, 3)
+    if not args.skip_fresh:
+        ours = results[f"ours fresh engine {args.num_requests} requests tok/s"]
+        hf_rate = results[
+            f"transformers {args.num_requests} requests tok/s (batch {args.hf_batch})"]
+        results["fresh engine / transformers (target >= 4)"] = round(ours / hf_rate, 2)
+    print(f"\nresults (medians of {args.repeats}; OMP_WAIT_POLICY="
+          f"{os.environ.get('OMP_WAIT_POLICY', 'unset')} for ours)")
+    for name, value in results.items():
+        shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+        print(f"  {name:56s} {shown}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"results": results, "runs": runs}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
