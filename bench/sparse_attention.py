@@ -78,10 +78,10 @@ def time_parts(layer: SparseMLAAttention, config: object, args: argparse.Namespa
         selected = layer.indexer(hidden, q_latent, rope, metadata)
         parts = {
             "indexer (scores + top-k)": lambda: layer.indexer(hidden, q_latent, rope, metadata),
-            f"attend top-{args.topk} (gathered)": lambda: layer._decode_selected(
-                q_nope, q_pe, cache, metadata, selected),
-            f"attend all {args.context + 1} (same path)": lambda: layer._decode_selected(
-                q_nope, q_pe, cache, metadata, everything),
+            f"attend top-{args.topk} (gathered)": lambda: layer._attend_selected(
+                q_nope, q_pe, cache, metadata.block_tables, selected),
+            f"attend all {args.context + 1} (same path)": lambda: layer._attend_selected(
+                q_nope, q_pe, cache, metadata.block_tables, everything),
             "whole sparse layer step": lambda: layer(hidden, rope, metadata),
         }
         if args.mla_dense:

@@ -69,7 +69,11 @@ def test_triton_paths_match_transformers(arch):
     gen = torch.Generator().manual_seed(5)
     a, b = torch.randint(0, 256, (14,), generator=gen).tolist(), [7, 3, 9, 1, 4]
     blocks_a, blocks_b = [3, 8, 1, 12, 14, 0], [6, 2, 9, 4, 15]
-    run_step(twin, [Seq(a, 0, blocks_a), Seq(b, 0, blocks_b)])
+    # A mixed step: b decodes after a 4-token chunk while a prefills past top-k (the kernel
+    # serves prefill tokens too).
+    run_step(twin, [Seq(b[:4], 0, blocks_b)])
+    first = run_step(twin, [Seq(b, 4, blocks_b), Seq(a, 0, blocks_a)])
+    assert (first[1:] - hf_logits(hf, a)).abs().max() <= 1e-4
     for step in range(3):
         a, b = a + [(step * 37) % 256], b + [(step * 91 + 5) % 256]
         logits = run_step(twin, [Seq(a, len(a) - 1, blocks_a), Seq(b, len(b) - 1, blocks_b)])

@@ -6,8 +6,10 @@ scores highest. Decodes gather just those latents from the paged pool (by
 block table, in place) and attend them with the absorbed weights
 (:func:`sparse_latent_attention_torch`, or the Triton kernel of
 :mod:`inference_engine.layers.triton_sparse_mla` on GPU platforms), so a decode
-step reads ``index_topk`` entries however long the context; prefill chunks
-expand their sequence's latents and mask everything not selected. While no
+step reads ``index_topk`` entries however long the context. With the kernel,
+prefill tokens take the same path; the torch path expands each prefill chunk's
+sequence latents and masks everything not selected (gathering ``index_topk``
+latents per prefill token would cost more memory than that). While no
 context in the step is longer than ``index_topk`` every query keeps all it
 sees, so the dense MLA paths run unchanged.
 
@@ -120,6 +122,14 @@ class SparseMLAAttention(MLAAttention):
         cache[metadata.slot_blocks, metadata.slot_offsets, 0] = (
             torch.cat((latent, k_pe[:, 0]), dim=-1).to(cache.dtype))
         selected = self._selection(hidden, q_latent, rope, metadata)
+        if selected is not None and self.sparse_decode_impl == "triton":
+            # The kernel reads only the selected latents for every token, prefill included.
+            seq_of_token = torch.repeat_interleave(
+                torch.arange(metadata.num_seqs, device=hidden.device),
+                torch.tensor(metadata.query_lens_list, device=hidden.device))
+            out = self._attend_selected(q_nope, q_pe, cache,
+                                        metadata.block_tables[seq_of_token], selected)
+            return self.o_proj(out.reshape(t, h * self.v_dim))
         out = torch.empty(t, h, self.v_dim, dtype=hidden.dtype, device=hidden.device)
         n = metadata.num_decodes
         if n:
@@ -128,8 +138,8 @@ class SparseMLAAttention(MLAAttention):
                         else self._decode_expand)
                 out[:n] = path(q_nope[:n], q_pe[:n], cache, metadata)
             else:
-                out[:n] = self._decode_selected(q_nope[:n], q_pe[:n], cache, metadata,
-                                                selected[:n])
+                out[:n] = self._attend_selected(q_nope[:n], q_pe[:n], cache,
+                                                metadata.block_tables[:n], selected[:n])
         starts = metadata.query_start_loc.tolist()
         for i in range(n, metadata.num_seqs):
             start, end = starts[i], starts[i + 1]
@@ -169,16 +179,16 @@ class SparseMLAAttention(MLAAttention):
         q = torch.cat((q_nope, q_pe), dim=-1)
         return attend_sequence(q, k, v, self.scale, mask[:, :seq_len])
 
-    def _decode_selected(self, q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor,
-                         metadata: AttentionMetadata, positions: torch.Tensor) -> torch.Tensor:
-        """One query per sequence over its selected latents only, absorbed weights."""
-        n = q_nope.shape[0]
+    def _attend_selected(self, q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor,
+                         block_tables: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Each query over its selected latents only, absorbed weights (``block_tables``:
+        one row per query, its sequence's)."""
         w_uk, w_uv = self._kv_b()
         q_lat = torch.einsum("nhd,hdr->nhr", q_nope, w_uk)
         q = torch.cat((q_lat, q_pe), dim=-1)  # [n, H, rank + rope]
         attend = (sparse_latent_attention_torch if self.sparse_decode_impl != "triton"
                   else _sparse_latent_attention_triton)
-        o_lat = attend(q, cache, positions, metadata.block_tables[:n], self.rank, self.scale)
+        o_lat = attend(q, cache, positions, block_tables, self.rank, self.scale)
         return torch.einsum("nhr,hvr->nhv", o_lat.to(q.dtype), w_uv)
 
     def extra_repr(self) -> str:
