@@ -27,7 +27,7 @@ from inference_engine_gguf.testing import (
 )
 
 T = GGMLQuantizationType
-BLOCK32_TYPES = sorted(q8k_kernels.Q80_TYPES | q8k_kernels.Q81_TYPES | {T.IQ4_NL})
+BLOCK32_TYPES = sorted(q8k_kernels.Q80_TYPES | q8k_kernels.Q81_TYPES)
 
 requires_kernel = pytest.mark.skipif(
     q8k_kernels.kernel() is None, reason="the C++ Q8_K kernel could not be built here")

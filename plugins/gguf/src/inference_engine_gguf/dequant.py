@@ -206,9 +206,21 @@ def _mxfp4(b: torch.Tensor) -> torch.Tensor:
     return q.float().mul_(d)
 
 
+_IQ4_NL_VALUES = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113]
+
+
+def _iq4_nl(b: torch.Tensor) -> torch.Tensor:
+    n = b.shape[0]
+    d = _f16(b[:, :2])
+    qs = _shifted(b[:, 2:].reshape(n, 1, 16), [0, 4], (1, 2, 1)) & 0x0F
+    table = _const("iq4_nl", _IQ4_NL_VALUES, torch.int8, (16,), b.device)
+    return table[qs.long()].reshape(n, 32).float().mul_(d)
+
+
 _BLOCK_FNS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Tensor]] = {
     T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1, T.Q8_0: _q8_0,
     T.Q2_K: _q2_k, T.Q3_K: _q3_k, T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k,
+    T.IQ4_NL: _iq4_nl,
 }
 if hasattr(T, "MXFP4"):
     _BLOCK_FNS[T.MXFP4] = _mxfp4

@@ -18,7 +18,7 @@ dequantize-and-FMA:
   loops without AVX512-BW).
 
 The 32-value block types take llama.cpp's other activation roundings (:func:`activation_rounding`):
-Q8_0 for Q8_0, Q4_0, Q5_0 and MXFP4, Q8_1 (with each block's ``s = fp16(d * sum)``, which
+Q8_0 for Q8_0, Q4_0, Q5_0, IQ4_NL and MXFP4, Q8_1 (with each block's ``s = fp16(d * sum)``, which
 the weight's min multiplies) for Q4_1 and Q5_1. Q8_0 and Q4_0 rows in 16s are packed into
 tiles too; the rest are unpacked per call (``csrc/q8_block32.h``): one integer dot product
 per 32 values, times ``d_w * d_a``, plus ``m_w * s_a`` where the weight has a min.
@@ -56,7 +56,7 @@ T = GGMLQuantizationType
 Q8K_TYPES: frozenset[GGMLQuantizationType] = frozenset({T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K})
 # Weight types llama.cpp's CPU backend multiplies by Q8_0 activations (its vec_dot_type).
 Q80_TYPES: frozenset[GGMLQuantizationType] = frozenset(
-    {T.Q8_0, T.Q4_0, T.Q5_0, *((T.MXFP4,) if hasattr(T, "MXFP4") else ())})
+    {T.Q8_0, T.Q4_0, T.Q5_0, T.IQ4_NL, *((T.MXFP4,) if hasattr(T, "MXFP4") else ())})
 # ... and by Q8_1 activations (Q8_0 plus each block's fp16 ``d * sum``, for the weight's min).
 Q81_TYPES: frozenset[GGMLQuantizationType] = frozenset({T.Q4_1, T.Q5_1})
 # Every type the kernel multiplies by 8-bit activations.
@@ -170,7 +170,7 @@ def q8_linear(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType) -
 class Q8Parts:
     """A layer's parts, ready for :func:`q8k_parts_linear` (built once at load), all of one
     :func:`activation_rounding`: K-quants against Q8_K activations, Q8_0 / Q4_0 / Q5_0 /
-    MXFP4 against Q8_0 ones, Q4_1 / Q5_1 against Q8_1 ones."""
+    IQ4_NL / MXFP4 against Q8_0 ones, Q4_1 / Q5_1 against Q8_1 ones."""
 
     weights: list[torch.Tensor]  # raw rows, or pack_tiles tiles where packed[i]
     qtypes: list[int]
