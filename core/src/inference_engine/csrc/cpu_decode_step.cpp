@@ -35,6 +35,10 @@ using WriteKvFn = void (*)(void*, const int64_t*, void*, const int64_t*, int, co
                            int64_t, int64_t, const float*, int64_t, int64_t, int64_t, int64_t,
                            int64_t, const int64_t*, const int64_t*);
 
+// A linear layer's product provided by another extension (a quantized format):
+// y [M, N] = x [M, K] (row stride ldx) . W^T for the weights ctx stands for.
+using LinearFn = void (*)(void* ctx, const float* x, int64_t ldx, int64_t M, float* y);
+
 template <typename F>
 F entry(const std::map<std::string, int64_t>& points, const char* name) {
   auto it = points.find(name);
@@ -42,20 +46,40 @@ F entry(const std::map<std::string, int64_t>& points, const char* name) {
   return reinterpret_cast<F>(it->second);
 }
 
-// A packed bf16 weight [N/16, K/2, 16, 2] and its optional float32 bias.
+// A packed bf16 weight [N/16, K/2, 16, 2], or a provided product (fn, ctx, and the
+// Python object that owns ctx), and an optional float32 bias.
 struct Linear {
   torch::Tensor weight, bias;
   int64_t groups = 0, K = 0, N = 0;
+  LinearFn fn = nullptr;
+  void* ctx = nullptr;
+  py::object owner;
   const float* bias_ptr() const { return bias.defined() ? bias.data_ptr<float>() : nullptr; }
 };
 
-Linear make_linear(const torch::Tensor& w, const c10::optional<torch::Tensor>& bias,
+// spec: a packed bf16 weight tensor, or a tuple (function address, context address, owner)
+// from the layer's quantization method.
+Linear make_linear(const py::object& spec, const c10::optional<torch::Tensor>& bias,
                    int64_t K, int64_t N, const char* what) {
-  TORCH_CHECK(w.dim() == 4 && w.scalar_type() == torch::kBFloat16 && w.is_contiguous(), what,
-              ": expected a packed bfloat16 weight");
-  TORCH_CHECK(w.size(0) * 16 == N && w.size(1) * 2 == K, what, ": packed weight is [",
-              w.size(0) * 16, ", ", w.size(1) * 2, "], expected [", N, ", ", K, "]");
-  Linear lin{w, torch::Tensor(), w.size(0), K, N};
+  Linear lin;
+  lin.K = K;
+  lin.N = N;
+  if (py::isinstance<py::tuple>(spec)) {
+    auto t = spec.cast<py::tuple>();
+    TORCH_CHECK(t.size() == 3, what, ": a provided product is (function, context, owner)");
+    lin.fn = reinterpret_cast<LinearFn>(t[0].cast<int64_t>());
+    lin.ctx = reinterpret_cast<void*>(t[1].cast<int64_t>());
+    lin.owner = t[2];
+    TORCH_CHECK(lin.fn != nullptr, what, ": null function");
+  } else {
+    const auto w = spec.cast<torch::Tensor>();
+    TORCH_CHECK(w.dim() == 4 && w.scalar_type() == torch::kBFloat16 && w.is_contiguous(), what,
+                ": expected a packed bfloat16 weight");
+    TORCH_CHECK(w.size(0) * 16 == N && w.size(1) * 2 == K, what, ": packed weight is [",
+                w.size(0) * 16, ", ", w.size(1) * 2, "], expected [", N, ", ", K, "]");
+    lin.weight = w;
+    lin.groups = w.size(0);
+  }
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->scalar_type() == torch::kFloat32 && bias->is_contiguous() &&
                 bias->numel() == N, what, ": bias must be float32 [", N, "]");
@@ -105,10 +129,10 @@ class DecodeStep {
   }
 
   void add_layer(torch::Tensor input_norm, torch::Tensor post_norm, double eps,
-                 torch::Tensor qkv_w, c10::optional<torch::Tensor> qkv_b,
-                 c10::optional<torch::Tensor> qk_norm, double qk_eps, torch::Tensor o_w,
-                 c10::optional<torch::Tensor> o_b, torch::Tensor gate_up_w,
-                 c10::optional<torch::Tensor> gate_up_b, torch::Tensor down_w,
+                 py::object qkv_w, c10::optional<torch::Tensor> qkv_b,
+                 c10::optional<torch::Tensor> qk_norm, double qk_eps, py::object o_w,
+                 c10::optional<torch::Tensor> o_b, py::object gate_up_w,
+                 c10::optional<torch::Tensor> gate_up_b, py::object down_w,
                  c10::optional<torch::Tensor> down_b, torch::Tensor k_cache,
                  torch::Tensor v_cache, double scale, int64_t window) {
     const int64_t q = H_ * D_, kv = KVH_ * D_;
@@ -223,8 +247,7 @@ class DecodeStep {
           res_tensor = res_buf[next];
           next ^= 1;
         }
-        gemv_(normed, hidden_, M, hidden_, l.qkv.weight.data_ptr<at::BFloat16>(), l.qkv.groups,
-              l.qkv.bias_ptr(), qkv);
+        linear(l.qkv, normed, M, qkv);
         // q and k heads: per-head norm (Qwen3), then rotary, into rot [M, heads + kv_heads, D]
         const float* qk_src = qkv;
         int64_t qk_row = qkv_n;
@@ -241,7 +264,7 @@ class DecodeStep {
         decode_(rot, qk_heads * D_, M, KVH_, H_ / KVH_, D_, l.k_cache.data_ptr(), l.k_strides,
                 l.v_cache.data_ptr(), l.v_strides, l.block_size, l.cache_bf16, tp,
                 tables.stride(0), lp, l.scale, l.window, attn);
-        gemv_(attn, q, M, q, l.o.weight.data_ptr<at::BFloat16>(), l.o.groups, l.o.bias_ptr(), o);
+        linear(l.o, attn, M, o);
         // post-attention norm with the residual add
         float* sum = res_buf[next].data_ptr<float>();
         rms_norm_(o, M, 1, hidden_, hidden_, 0, l.post_norm.data_ptr<float>(), 1, res, hidden_,
@@ -249,11 +272,9 @@ class DecodeStep {
         res = sum;
         res_tensor = res_buf[next];
         next ^= 1;
-        gemv_(normed, hidden_, M, hidden_, l.gate_up.weight.data_ptr<at::BFloat16>(),
-              l.gate_up.groups, l.gate_up.bias_ptr(), gu);
+        linear(l.gate_up, normed, M, gu);
         silu_(gu, M, inter_, 2 * inter_, act);
-        gemv_(act, inter_, M, inter_, l.down.weight.data_ptr<at::BFloat16>(), l.down.groups,
-              l.down.bias_ptr(), outp);
+        linear(l.down, act, M, outp);
         cur = outp;
       }
     }
@@ -261,6 +282,20 @@ class DecodeStep {
   }
 
  private:
+  // y [M, N] = x [M, K] (dense rows) . W^T + bias: the bf16 GEMV, or the provided product
+  // followed by the bias add the layer's apply() does.
+  void linear(const Linear& l, const float* x, int64_t M, float* y) const {
+    if (l.fn == nullptr) {
+      gemv_(x, l.K, M, l.K, l.weight.data_ptr<at::BFloat16>(), l.groups, l.bias_ptr(), y);
+      return;
+    }
+    l.fn(l.ctx, x, l.K, M, y);
+    if (const float* b = l.bias_ptr()) {
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < l.N; ++n) y[m * l.N + n] += b[n];
+    }
+  }
+
   GemvFn gemv_;
   RmsNormFn rms_norm_;
   SiluFn silu_;

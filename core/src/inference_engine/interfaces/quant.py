@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -11,7 +12,23 @@ from torch import nn
 if TYPE_CHECKING:
     from inference_engine.interfaces.platform import Platform
 
-__all__ = ["QuantMethod"]
+__all__ = ["CpuLinearEntry", "QuantMethod"]
+
+
+@dataclass(frozen=True)
+class CpuLinearEntry:
+    """A linear layer's product as a plain C function, for C++ code that chains layers
+    without Python (the CPU decode step, ``layers/cpu_decode_step.py``).
+
+    ``function`` is the address of ``void f(void* context, const float* x, int64_t ldx,
+    int64_t M, float* y)`` computing ``y [M, N] = x [M, K] @ W.T`` (no bias; ``x`` rows
+    ``ldx`` apart, ``y`` dense) with the GIL released; ``context`` is the address it is
+    called with and ``owner`` the Python object keeping it alive.
+    """
+
+    function: int
+    context: int
+    owner: Any
 
 
 class QuantMethod(ABC):
@@ -66,6 +83,11 @@ class QuantMethod(ABC):
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         """``x @ W.T + bias`` for ``x: [num_tokens, K]``, returning ``[num_tokens, N]``."""
+
+    def cpu_linear_entry(self, layer: nn.Module) -> CpuLinearEntry | None:
+        """The layer's product as a C function for the CPU decode step, or None (the default:
+        models with such layers decode layer by layer)."""
+        return None
 
     def weight_memory_bytes(self, layer: nn.Module) -> int:
         """Bytes the layer's weights occupy at run time."""

@@ -36,7 +36,7 @@ from inference_engine.layers.cpu_fused import fused_kernels
 from inference_engine.layers.cpu_gemv import gemv_kernel, gemv_max_rows, is_packed
 from inference_engine.layers.rotary import RotaryTable, rotate_cpu
 
-__all__ = ["CpuDecodeStep", "build_decode_step", "decode_step_blocker"]
+__all__ = ["CpuDecodeStep", "build_decode_step", "decode_step_blocker", "linear_spec"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class CpuDecodeStep:
     def applies(self, hidden: torch.Tensor, metadata: AttentionMetadata) -> bool:
         """A pure-decode step (one token per sequence) small enough for the GEMV kernel."""
         return (metadata.num_decodes == metadata.num_seqs == hidden.shape[0] <= self.max_rows
-                and not metadata.is_graph_step)
+                and hidden.dtype == torch.float32 and not metadata.is_graph_step)
 
     def run(self, hidden: torch.Tensor, rope: RotaryTable,
             metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,8 +84,6 @@ def decode_step_blocker(model: torch.nn.Module) -> str | None:
         return "the rotary table is not float32"
     if not model.layers:
         return "no layers"
-    if model.embed_tokens.weight.dtype != torch.float32:
-        return "the embedding is not float32"
     for i, layer in enumerate(model.layers):
         where = f"layer {i}"
         ask = getattr(layer, "cpu_decode_blocker", None)
@@ -112,11 +110,9 @@ def decode_step_blocker(model: torch.nn.Module) -> str | None:
             return f"{where}: no float32/bfloat16 KV cache in blocks of at most 16 bound"
         mlp = layer._modules[layer.mlp_name]
         for proj in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
-            if type(proj.quant_method) is not UnquantizedMethod:
-                return f"{where}: {proj.prefix} is quantized"
-            packed = getattr(proj, "gemv_weight", None)
-            if packed is None or not is_packed(packed):
-                return f"{where}: {proj.prefix} has no packed bf16 weight"
+            spec = linear_spec(proj)
+            if isinstance(spec, str):
+                return f"{where}: {spec}"
             if proj.bias is not None and proj.bias.dtype != torch.float32:
                 return f"{where}: {proj.prefix} bias is not float32"
     first = model.layers[0].self_attn
@@ -126,6 +122,23 @@ def decode_step_blocker(model: torch.nn.Module) -> str | None:
                                                          first.head_dim):
             return "the layers' head counts differ"
     return None
+
+
+def linear_spec(proj: torch.nn.Module) -> torch.Tensor | tuple[int, int, Any] | str:
+    """What the C++ step multiplies ``proj`` by: its packed bf16 copy (unquantized), the
+    product its quantization method provides as a C function
+    (:meth:`~inference_engine.interfaces.quant.QuantMethod.cpu_linear_entry`), or why
+    neither exists."""
+    method = proj.quant_method
+    if type(method) is UnquantizedMethod:
+        packed = getattr(proj, "gemv_weight", None)
+        if packed is None or not is_packed(packed):
+            return f"{proj.prefix} has no packed bf16 weight"
+        return packed
+    entry = method.cpu_linear_entry(proj)
+    if entry is None:
+        return f"{proj.prefix}: {type(method).__name__} gives the CPU step no product"
+    return (entry.function, entry.context, entry.owner)
 
 
 def _entry_points() -> dict[str, int] | None:
@@ -164,11 +177,11 @@ def build_decode_step(model: torch.nn.Module) -> CpuDecodeStep | None:
         step.add_layer(
             layer.input_layernorm.weight.data, layer.post_attention_layernorm.weight.data,
             float(layer.input_layernorm.eps),
-            attn.qkv_proj.gemv_weight, bias(attn.qkv_proj),
+            linear_spec(attn.qkv_proj), bias(attn.qkv_proj),
             None if qk_norm is None else qk_norm.reshape(-1), float(qk_eps),
-            attn.o_proj.gemv_weight, bias(attn.o_proj),
-            mlp.gate_up_proj.gemv_weight, bias(mlp.gate_up_proj),
-            mlp.down_proj.gemv_weight, bias(mlp.down_proj),
+            linear_spec(attn.o_proj), bias(attn.o_proj),
+            linear_spec(mlp.gate_up_proj), bias(mlp.gate_up_proj),
+            linear_spec(mlp.down_proj), bias(mlp.down_proj),
             k_cache, v_cache, float(backend.scale), int(backend.sliding_window or 0))
     logger.debug("decode steps of up to %d sequences run as one C++ call", gemv_max_rows())
     return CpuDecodeStep(step, gemv_max_rows())
