@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from pathlib import Path
 
 import httpx
 import jsonschema
@@ -57,19 +58,17 @@ REFUSED = [(path, field, value) for path, fields in (
             "store": True, "verbosity": "low", "web_search_options": {}, "echo": True,
             "documents": [{"text": "d"}], "chat_template": "{{ messages }}",
             "mm_processor_kwargs": {}, "add_special_tokens": True}),
-    (COMPLETIONS, {"suffix": "end", "best_of": 3, "prompt_embeds": "AAAA",
-                   "add_special_tokens": "yes"}),
+    (COMPLETIONS, {"suffix": "end", "best_of": 3, "prompt_embeds": "AAAA"}),
     (None, {"use_beam_search": True, "length_penalty": 0.5,
-            "spaces_between_special_tokens": False, "structural_tag": "{}",
-            "guided_whitespace_pattern": " ", "priority": 1, "logits_processors": ["x"],
+            "spaces_between_special_tokens": False, "guided_whitespace_pattern": " ",
+            "priority": 1, "logits_processors": ["x"],
             "return_token_ids": True, "cache_salt": "s", "kv_transfer_params": {},
             "vllm_xargs": {"a": 1}}),
 ) for field, value in fields.items()]
 
 
 def _refused_on(path):
-    return {f for p, f, _ in REFUSED if p in (path, None)} - (
-        {"add_special_tokens"} if path == COMPLETIONS else set())
+    return {f for p, f, _ in REFUSED if p in (path, None)}
 
 
 # ---- servers ----------------------------------------------------------------------------
@@ -323,6 +322,17 @@ def _schema_valid(text):
     return True
 
 
+TAG = {"type": "structural_tag", "format": {
+    "type": "triggered_tags", "triggers": ["<a>"], "at_least_one": True, "stop_after_first": True,
+    "tags": [{"type": "tag", "begin": "<a>", "end": "</a>",
+              "content": {"type": "json_schema", "json_schema": SCHEMA}}]}}
+
+
+def _tagged_valid(text):
+    match = re.fullmatch("<a>(.*)</a>", text, re.S)
+    return match is not None and _schema_valid(match.group(1))
+
+
 def check_request_id(http, path, tok):
     r = http.post(path, json=body_for(path, request_id="mine-42"))
     assert r.json()["id"] == "mine-42" == r.headers["x-request-id"]
@@ -428,6 +438,7 @@ HONOURED_CHECKS = {
                                       lambda t: t in ("red", "blue")),
     "guided_grammar": check_constraint({"guided_grammar": 'root ::= "x" [0-9]'},
                                        lambda t: re.fullmatch("x[0-9]", t)),
+    "structural_tag": check_constraint({"structural_tag": json.dumps(TAG)}, _tagged_valid),
     "guided_decoding_backend": check_backend, "request_id": check_request_id,
     "return_tokens_as_token_ids": check_return_tokens_as_token_ids,
     "stream": check_stream, "stream_options": check_stream_options, "user": check_user,
@@ -531,3 +542,100 @@ def test_completions_json_object_and_two_spellings(client, http):
     assert r.status_code == 400 and "guided_choice" in r.json()["error"]["message"]
     r = http.post(COMPLETIONS, json=body_for(COMPLETIONS, guided_regex="(unclosed"))
     assert r.status_code == 400 and "regex" in r.json()["error"]["message"]
+
+
+# ---- forced and strict tool calls, in the demo model's own format -----------------------
+DEMO_MODEL = Path(__file__).resolve().parents[1] / "models" / "demo-qwen3-tiny"
+def _strict(name, properties, required):
+    return {"type": "function", "function": {
+        "name": name, "strict": True, "parameters": {
+            "type": "object", "properties": properties, "required": required,
+            "additionalProperties": False}}}
+
+
+# The demo's tools (scripts/demo_tools.py), strict, strings bounded.
+STRICT_TOOLS = [
+    _strict("get_weather", {"city": {"type": "string", "maxLength": 16},
+                            "unit": {"enum": ["celsius", "fahrenheit"]}}, ["city", "unit"]),
+    _strict("add", {"a": {"type": "integer", "minimum": -999, "maximum": 999},
+                    "b": {"type": "integer", "minimum": -999, "maximum": 999}}, ["a", "b"]),
+    _strict("get_time", {"timezone": {"type": "string", "maxLength": 24}}, ["timezone"]),
+    _strict("search", {"query": {"type": "string", "maxLength": 24},
+                       "max_results": {"type": "integer", "minimum": 1, "maximum": 10}},
+            ["query", "max_results"])]
+QUESTIONS = ["What is the weather like in Tokyo in fahrenheit?",
+             "What is the weather like in Paris in celsius?", "What is 2 plus 3?",
+             "What time is it in Europe/Paris?", "Search the web for llamas"]
+
+
+@pytest.fixture(scope="module")
+def demo_client():
+    proc = ServerProcess(DEMO_MODEL, "--enable-auto-tool-choice", platform=TEST_PLATFORM)
+    yield openai.OpenAI(base_url=proc.url + "/v1", api_key="unused", max_retries=0)
+    assert proc.stop() == 0, proc.log()
+
+
+def _calls(demo_client, stream, **kwargs):
+    """(tool calls as (name, arguments object), finish_reason) of one chat request."""
+    model = demo_client.models.list().data[0].id
+    if not stream:
+        choice = demo_client.chat.completions.create(model=model, **kwargs).choices[0]
+        calls = [(c.function.name, json.loads(c.function.arguments))
+                 for c in choice.message.tool_calls or ()]
+        return calls, choice.finish_reason
+    parts, finish = {}, None
+    for chunk in demo_client.chat.completions.create(model=model, stream=True, **kwargs):
+        for choice in chunk.choices:
+            finish = choice.finish_reason or finish
+            for call in choice.delta.tool_calls or ():
+                name, args = parts.get(call.index, ("", ""))
+                parts[call.index] = (name + (call.function.name or ""),
+                                     args + (call.function.arguments or ""))
+    return [(n, json.loads(a)) for _, (n, a) in sorted(parts.items())], finish
+
+
+def _check_calls(calls, names=None):
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in STRICT_TOOLS}
+    for name, arguments in calls:
+        assert names is None or name in names
+        jsonschema.validate(arguments, schemas[name])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_strict_tools_arguments_follow_their_schema(demo_client, stream):
+    made = 0
+    for seed, question in enumerate(QUESTIONS):
+        calls, finish = _calls(demo_client, stream, messages=[
+            {"role": "user", "content": question}], tools=STRICT_TOOLS, temperature=0.8,
+            seed=seed, max_tokens=300)
+        if finish == "length":
+            continue
+        _check_calls(calls)
+        made += len(calls)
+    assert made >= 3  # the demo model was trained to call these tools
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_choice_required_and_named_are_forced(demo_client, stream):
+    for seed in range(2):
+        messages = [{"role": "user", "content": "Hello!"}]  # a question needing no tool
+        calls, finish = _calls(demo_client, stream, messages=messages, tools=STRICT_TOOLS,
+                               tool_choice="required", temperature=0.8, seed=seed,
+                               max_tokens=300)
+        assert finish == "tool_calls" and calls
+        _check_calls(calls)
+        named = {"type": "function", "function": {"name": "search"}}
+        calls, finish = _calls(demo_client, stream, messages=messages, tools=STRICT_TOOLS,
+                               tool_choice=named, temperature=0.8, seed=seed, max_tokens=300)
+        assert finish == "tool_calls" and len(calls) == 1
+        _check_calls(calls, names={"search"})
+
+
+def test_strict_tools_need_a_format_that_can_be_forced():
+    from inference_engine.entrypoints.openai.errors import APIError
+    from inference_engine.entrypoints.openai.request_sampling import tool_call_constraint
+    from inference_engine_parsers.qwen3_coder import Qwen3CoderToolParser
+
+    with pytest.raises(APIError, match="strict"):
+        tool_call_constraint(Qwen3CoderToolParser, STRICT_TOOLS, "auto", None)
+    assert tool_call_constraint(Qwen3CoderToolParser, TOOLS, "required", None) is None

@@ -87,13 +87,18 @@ def test_tool_choice_none_leaves_the_call_as_content(client):
     assert message.content == "".join(SCRIPT[4:]).strip()
 
 
-def test_named_tool_choice_that_the_output_breaks_is_a_clear_error(client):
+def test_named_tool_choice_is_forced_by_a_grammar(client):
     model = client.models.list().data[0].id
-    other = {"type": "function", "function": {"name": "get_time", "parameters": {}}}
-    with pytest.raises(openai.BadRequestError, match="tool_choice"):
-        client.chat.completions.create(
-            model=model, messages=MESSAGES, tools=[*TOOLS, other], temperature=0,
-            tool_choice={"type": "function", "function": {"name": "get_time"}})
+    other = {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"tz": {"enum": ["UTC"]}}, "required": ["tz"],
+        "additionalProperties": False}}}
+    # The script would call get_weather; the grammar of the qwen3 format forces get_time.
+    out = client.chat.completions.create(
+        model=model, messages=MESSAGES, tools=[*TOOLS, other], temperature=0, max_tokens=64,
+        tool_choice={"type": "function", "function": {"name": "get_time"}})
+    (call,) = out.choices[0].message.tool_calls
+    assert call.function.name == "get_time" and json.loads(call.function.arguments) == {
+        "tz": "UTC"}
     out = client.chat.completions.create(
         model=model, messages=MESSAGES, tools=TOOLS, temperature=0, tool_choice="required")
     assert out.choices[0].message.tool_calls[0].function.name == "get_weather"

@@ -7,12 +7,14 @@ machine fed the whole text followed by :meth:`finish`.
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CallOpener", "ParsedDelta", "ReasoningParser", "ToolCallDelta", "ToolParser"]
+__all__ = ["CallOpener", "ParsedDelta", "ReasoningParser", "ToolCallDelta", "ToolCallTag",
+           "ToolParser"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +30,23 @@ class CallOpener:
     marker: str
     # Text that must come after the marker (and optional whitespace); "" for none.
     follow: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallTag:
+    """How a format writes one call whose arguments are a JSON object, so a grammar can
+    force calls (``tool_choice`` "required"/named, ``strict`` tools): ``begin`` (with
+    ``{name}`` where the function's name goes), the arguments object, then ``end``.
+    ``trigger`` is the prefix of ``begin`` that opens any call.
+    """
+
+    begin: str
+    end: str
+    trigger: str
+
+    def begin_for(self, name: str) -> str:
+        """``begin`` with ``name`` in place (JSON-escaped, as it sits in a JSON string)."""
+        return self.begin.replace("{name}", json.dumps(name)[1:-1])
 
 
 @dataclass(slots=True)
@@ -94,6 +113,9 @@ class ToolParser(ABC):
     # Openers that end reasoning implicitly when they appear inside it (see
     # :meth:`ReasoningParser.set_call_openers`); empty for none.
     call_openers: tuple[CallOpener, ...] = ()
+    # How one call is written, for grammars that force calls; None: this format cannot
+    # be forced (tool_choice is then checked after generation and strict tools refused).
+    call_tag: ToolCallTag | None = None
 
     def __init__(self, tokenizer: Any = None, tools: list[dict[str, Any]] | None = None,
                  mode: str = "incremental") -> None:

@@ -101,6 +101,10 @@ class GrammarCompilerPool:
                                                                     any_whitespace))
             elif params.regex is not None:
                 grammar = compiler.compile_regex(params.regex)
+            elif params.structural_tag is not None:
+                import json
+
+                grammar = compiler.compile_structural_tag(json.dumps(params.structural_tag))
             elif params.choice is not None:
                 grammar = compiler.compile_grammar(params.choice_grammar())
             else:

@@ -1,6 +1,7 @@
 """What a request constrains its output to: vLLM's ``StructuredOutputsParams``.
 
-Exactly one of ``json``, ``json_object``, ``regex``, ``choice``, ``grammar`` is set.
+Exactly one of ``json``, ``json_object``, ``regex``, ``choice``, ``grammar``,
+``structural_tag`` is set.
 The grammar is compiled by xgrammar (see :mod:`.compiler`), once per distinct
 :meth:`StructuredOutputsParams.cache_key`.
 """
@@ -13,7 +14,7 @@ from typing import Any
 
 __all__ = ["StructuredOutputsParams"]
 
-_KINDS = ("json", "json_object", "regex", "choice", "grammar")
+_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 
 
 @dataclass
@@ -34,6 +35,10 @@ class StructuredOutputsParams:
     choice: list[str] | None = None
     # An EBNF grammar (xgrammar's GBNF dialect, root rule ``root``).
     grammar: str | None = None
+    # An xgrammar structural tag (dict or JSON text): free text with constrained regions
+    # opened by trigger strings, e.g. tool calls (``{"type": "structural_tag", "format":
+    # {"type": "triggered_tags", ...}}``).
+    structural_tag: dict[str, Any] | str | None = None
     # JSON without free whitespace between tokens (compact separators); default: any.
     disable_any_whitespace: bool = False
 
@@ -49,11 +54,19 @@ class StructuredOutputsParams:
                 self.json = json.loads(self.json)
             except ValueError as exc:
                 raise ValueError(f"structured_outputs.json is not valid JSON: {exc}") from None
+        if isinstance(self.structural_tag, str):
+            try:
+                self.structural_tag = json.loads(self.structural_tag)
+            except ValueError as exc:
+                raise ValueError(f"structured_outputs.structural_tag is not valid JSON: "
+                                 f"{exc}") from None
+        if self.structural_tag is not None and not isinstance(self.structural_tag, dict):
+            raise ValueError("structured_outputs.structural_tag must be an object")
         if self.json is not None and not isinstance(self.json, (dict, bool)):
             raise ValueError("structured_outputs.json must be a JSON schema object, got "
                              f"{type(self.json).__name__}")
         if self.json_object is not None and self.json_object is not True:
-            raise ValueError(f"structured_outputs.json_object must be true, got "
+            raise ValueError("structured_outputs.json_object must be true, got "
                              f"{self.json_object!r}")
         for name in ("regex", "grammar"):
             value = getattr(self, name)
@@ -73,7 +86,7 @@ class StructuredOutputsParams:
         """Equal for constraints that compile to the same grammar."""
         kind = self.kind
         value = getattr(self, kind)
-        if kind in ("json", "choice"):
+        if kind in ("json", "choice", "structural_tag"):
             text = json.dumps(value, sort_keys=True, separators=(",", ":"))
         else:
             text = str(value)

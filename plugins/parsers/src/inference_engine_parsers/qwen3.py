@@ -13,7 +13,7 @@ vLLM's hermes parser does.
 
 from __future__ import annotations
 
-from inference_engine.interfaces.parsers import CallOpener
+from inference_engine.interfaces.parsers import CallOpener, ToolCallTag
 from inference_engine.parsing import (
     Reader,
     Step,
@@ -22,6 +22,7 @@ from inference_engine.parsing import (
     peek,
     skip_ws,
 )
+
 from inference_engine_parsers._json_call import json_call_object
 
 __all__ = ["Qwen3ToolParser"]
@@ -32,6 +33,8 @@ class Qwen3ToolParser(StreamingToolParser):
 
     openers = ("<tool_call>",)
     call_openers = (CallOpener("<tool_call>", "{"),)
+    call_tag = ToolCallTag('<tool_call>\n{"name": "{name}", "arguments": ', "}\n</tool_call>",
+                           "<tool_call>")
 
     def parse_block(self, r: Reader, opener: str) -> Step:
         yield from skip_ws(r)

@@ -20,6 +20,7 @@ from inference_engine.entrypoints.openai.logprobs_format import (
 from inference_engine.entrypoints.openai.protocol import ChatCompletionRequest
 from inference_engine.entrypoints.openai.request_sampling import (
     extra_sampling_kwargs,
+    tool_call_constraint,
     truncate_prompt_ids,
 )
 from inference_engine.entrypoints.openai.serving import (
@@ -112,10 +113,19 @@ async def create_chat_completion(serving: ModelServing, body: ChatCompletionRequ
                                      serving.max_model_len)
     serving.check_prompt(prompt_ids)
     top_n = (body.top_logprobs or 0) if body.logprobs else None
+    extra = extra_sampling_kwargs(body)
+    parser_cls = serving.parsers.tool_parser_cls if serving.parsers is not None else None
+    forced_calls = tool_call_constraint(parser_cls, body.tools, tool_choice,
+                                        body.parallel_tool_calls)
+    if forced_calls is not None:
+        if "structured_outputs" in extra:
+            raise APIError("a forced tool call (tool_choice or strict tools) and another output "
+                           "constraint cannot be combined", param="tool_choice")
+        extra["structured_outputs"] = forced_calls
     params = serving.sampling_params(
         body, len(prompt_ids), body.max_new_tokens(), top_n,
         max_tokens_field="max_completion_tokens" if body.max_completion_tokens is not None
-        else "max_tokens", prompt_logprobs=body.prompt_logprobs, **extra_sampling_kwargs(body))
+        else "max_tokens", prompt_logprobs=body.prompt_logprobs, **extra)
     request_id = serving.new_request_id("chatcmpl", body.request_id)
     run = _Chat(serving, body, request_id, tool_choice, len(prompt_ids))
     # Parsers are made before the request is queued so a bad setting fails as a 400.

@@ -99,6 +99,8 @@ class SamplingFields(_Body):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     guided_decoding_backend: str | None = None
+    # xgrammar's structural tag as JSON text (vLLM's field).
+    structural_tag: str | None = None
     # vLLM's fields accepted at their "off" value only.
     use_beam_search: bool = False
     priority: int = 0

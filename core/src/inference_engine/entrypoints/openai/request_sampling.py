@@ -3,7 +3,9 @@
 Structured outputs come in three spellings, all honoured and mutually exclusive:
 OpenAI's ``response_format`` (``json_schema``, ``json_object``, ``text``), vLLM's
 ``structured_outputs`` object and vLLM's older ``guided_json`` / ``guided_regex`` /
-``guided_choice`` / ``guided_grammar`` fields. Token-level fields (``logit_bias``,
+``guided_choice`` / ``guided_grammar`` / ``structural_tag`` fields. Forced tool
+calls (``tool_choice``, ``strict`` tools) become a structural tag in the tool
+parser's format. Token-level fields (``logit_bias``,
 ``allowed_token_ids``, ``bad_words``, ``spaces_between_special_tokens``) pass through;
 the engine checks their values.
 """
@@ -15,14 +17,15 @@ from typing import Any
 from inference_engine.entrypoints.openai.errors import APIError
 from inference_engine.structured_output import StructuredOutputsParams
 
-__all__ = ["extra_sampling_kwargs", "structured_outputs_of", "truncate_prompt_ids"]
+__all__ = ["extra_sampling_kwargs", "structured_outputs_of", "tool_call_constraint",
+           "truncate_prompt_ids"]
 
 # vLLM's guided_* field -> StructuredOutputsParams field.
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
-           "guided_grammar": "grammar"}
+           "guided_grammar": "grammar", "structural_tag": "structural_tag"}
 # The structured_outputs keys this server implements.
 _STRUCTURED_KEYS = frozenset({"json", "json_object", "regex", "choice", "grammar",
-                              "disable_any_whitespace"})
+                              "structural_tag", "disable_any_whitespace"})
 # guided_decoding_backend values that mean this server's only backend.
 _BACKENDS = ("xgrammar", "auto")
 
@@ -117,3 +120,47 @@ def truncate_prompt_ids(token_ids: list[int], keep: int | None, max_model_len: i
         raise APIError(f"truncate_prompt_tokens must be -1 or between 1 and "
                        f"{max_model_len - 1}, got {keep}", param="truncate_prompt_tokens")
     return token_ids[-keep:]
+
+
+def tool_call_constraint(parser_cls: Any, tools: list[dict[str, Any]] | None,
+                         tool_choice: Any, parallel_tool_calls: bool | None
+                         ) -> StructuredOutputsParams | None:
+    """A structural tag that forces the tool calls the request asks for, in the tool
+    parser's own call format (its ``call_tag``): ``tool_choice`` "required" (at least one
+    call) or naming a function (exactly that call), and ``strict`` tools (their arguments
+    follow their ``parameters`` schema wherever the model calls them). Text around the
+    calls is free (so a reasoning section stays possible) except that a forced call comes
+    first. None when nothing is forced.
+
+    Raises:
+        APIError: a ``strict`` tool with a parser whose format cannot be forced.
+    """
+    if not tools or tool_choice == "none":
+        return None
+    strict = [i for i, t in enumerate(tools) if t["function"].get("strict") is True]
+    forced = tool_choice == "required" or isinstance(tool_choice, dict)
+    if not strict and not forced:
+        return None
+    tag = getattr(parser_cls, "call_tag", None)
+    if tag is None:
+        if strict:
+            raise APIError(f"tools[{strict[0]}].function.strict: the tool-call format of this "
+                           "server's tool parser cannot be enforced by a grammar",
+                           param="tools")
+        return None  # the choice is checked after generation (docs/server.md)
+    named = tool_choice["function"]["name"] if isinstance(tool_choice, dict) else None
+    tags = []
+    for tool in tools:
+        function = tool["function"]
+        if named is not None and function["name"] != named:
+            continue
+        schema = function.get("parameters") if (forced or function.get("strict") is True) \
+            else None
+        tags.append({"type": "tag", "begin": tag.begin_for(function["name"]),
+                     "content": {"type": "json_schema",
+                                 "json_schema": schema or {"type": "object"}},
+                     "end": tag.end})
+    fmt = {"type": "triggered_tags", "triggers": [tag.trigger], "tags": tags,
+           "at_least_one": forced,
+           "stop_after_first": named is not None or parallel_tool_calls is False}
+    return StructuredOutputsParams(structural_tag={"type": "structural_tag", "format": fmt})
