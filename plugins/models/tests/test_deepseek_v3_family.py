@@ -257,6 +257,7 @@ def assert_engine_matches(hf: Any, tokenizer: Any, prompts: list[str], outs: Any
 ENGINE_ARCHS = [a for a in ARCHS if a != "deepseek_v3_half_rope"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ENGINE_ARCHS)
 def test_engine_greedy_parity_with_chunking_and_preemption(arch, tokenizer, tmp_path):
     hf = saved_model(arch, tokenizer, tmp_path)
@@ -269,6 +270,7 @@ def test_engine_greedy_parity_with_chunking_and_preemption(arch, tokenizer, tmp_
     assert_engine_matches(hf, tokenizer, PARITY_PROMPTS, outs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ENGINE_ARCHS)
 def test_engine_greedy_parity_with_prefix_cache_hits(arch, tokenizer, tmp_path):
     """The second wave shares the first's prompt prefix: its cached blocks (latents and,

@@ -12,7 +12,9 @@ def test_plugin_loads_through_entry_point():
     assert infos["models"].status == "ok", infos["models"].error
 
 
-@pytest.mark.parametrize("arch", ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"])
+@pytest.mark.parametrize("arch", ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                                  "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM",
+                                  "GlmMoeDsaForCausalLM"])
 def test_architecture_resolves_to_a_causal_lm(arch):
     cls = load_plugins().registry.resolve("models", arch)
     assert issubclass(cls, CausalLM) and cls.__name__ == arch
