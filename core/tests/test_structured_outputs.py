@@ -167,3 +167,12 @@ def test_structured_outputs_params_refuse_bad_values():
         StructuredOutputsParams(choice=[])
     params = SamplingParams(structured_outputs={"choice": ["a", "b"]})
     assert params.structured_outputs.choice == ["a", "b"]
+
+
+def test_abort_while_the_grammar_compiles_finishes_the_request(llm):
+    engine = llm.engine
+    rid = engine.add_request("hello", SamplingParams(max_tokens=5, n=2, structured_outputs=_json(
+        {"type": "object", "properties": {"fresh": {"type": "integer"}}})))
+    (output,) = engine.abort_request(rid)  # admission happens in step(): still compiling
+    assert output.finished and {c.finish_reason for c in output.outputs} == {"abort"}
+    assert not engine.has_unfinished_requests() and not engine.structured.num_waiting

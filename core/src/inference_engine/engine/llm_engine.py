@@ -251,7 +251,10 @@ class LLMEngine:
                 continue
             for child in group.children:
                 if self.structured.is_waiting(child.request.request_id):
+                    # Never scheduled (its grammar was compiling): it finishes here.
                     self.structured.remove(child.request.request_id)
+                    child.request.status = RequestStatus.FINISHED
+                    child.request.finish_reason = FinishReason.ABORT
                 else:
                     self.scheduler.abort(child.request.request_id)
             outputs.append(self._group_output(group))
