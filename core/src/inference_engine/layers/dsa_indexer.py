@@ -77,10 +77,11 @@ def _unpack_fp8(raw: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def _wants_fp8(ctx: ModelContext) -> bool:
+    """``config.indexer_dtype``: "fp8"; "model" (the model's dtype); "auto" (the default:
+    fp8 when the KV cache dtype is a float8, else the model's dtype)."""
     option = getattr(ctx.hf_config, "indexer_dtype", None) or "auto"
-    if option not in ("auto", "fp8", "bfloat16", "float32", "model"):
-        raise ValueError(f"indexer_dtype must be 'auto', 'fp8' or the model's dtype, "
-                         f"got {option!r}")
+    if option not in ("auto", "fp8", "model"):
+        raise ValueError(f"indexer_dtype must be 'auto', 'fp8' or 'model', got {option!r}")
     kv = getattr(ctx, "kv_cache_dtype", None)
     return option == "fp8" or (option == "auto" and kv is not None and kv.itemsize == 1
                                and kv.is_floating_point)
