@@ -20,7 +20,11 @@ from inference_engine import LLM, SamplingParams
 from inference_engine.testing import cpu_llm
 from inference_engine.testing_parity import assert_greedy_matches, hf_greedy
 from inference_engine_gguf.export import DEEPSEEK2_BEFORE_KV_B_SPLIT, export_to_gguf
+from inference_engine.layers.moe.activation import gated_activation
+from inference_engine_gguf import q8k_kernels
 from inference_engine_gguf.gguf_file import GGUFFile
+from inference_engine_gguf.moe_method import GGMLFusedMoEMethod, expert_linear
+from inference_engine_gguf.testing import block32_matmul_reference, q8k_matmul_reference
 
 NEW_TOKENS = 6
 PROMPTS = ["The quick brown fox", "héllo wörld, naïve café"]
@@ -98,6 +102,7 @@ CASES = {
     # No YaRN keys in the file: plain RoPE, not transformers' GptOssConfig default YaRN.
     "gpt-oss-F16-plain-rope": ("gpt_oss", T.F16, {"rope_parameters": dict(
         rope_type="default", rope_theta=150000.0)}),
+    "granitemoe-Q4_1": ("granitemoe", T.Q4_1, {}),
 }
 
 # Cases written by an older converter.
@@ -254,3 +259,77 @@ def test_file_is_laid_out_as_llama_cpp_writes_it(case, exported):
         assert file.get("minimax-m2.rope.dimension_count") == 32
     if arch == "gpt-oss":
         assert file.get("gpt-oss.attention.sliding_window") == 6
+
+
+def expert_linear_reference(x: torch.Tensor, raw: torch.Tensor, qtype: T
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """llama.cpp's matmul of one expert in numpy (float64), and the error-bound magnitudes
+    (for F16 / BF16, float32 sums of K products: scaled by K / 16, so 2^-20 of it is K
+    float32 roundings)."""
+    if qtype in q8k_kernels.Q8K_TYPES:
+        return q8k_matmul_reference(x, raw, qtype)
+    if qtype in q8k_kernels.Q8_TYPES:
+        return block32_matmul_reference(x, raw, qtype)
+    half = {T.F16: torch.float16, T.BF16: torch.bfloat16}[qtype]
+    xs, w = x.to(half).double(), raw.double()
+    return xs @ w.t(), xs.abs() @ w.abs().t() * (x.shape[-1] / 16)
+
+
+def within_bound(ours: torch.Tensor, ref: torch.Tensor, magnitude: torch.Tensor) -> float:
+    """The error as a multiple of its bound (exact integer sums, a few float32 roundings)."""
+    return ((ours.double() - ref).abs() / (magnitude * 2**-20 + 1e-30)).max().item()
+
+
+def experts_reference(layer, x, weights, ids):
+    """Token by token, slot by slot: both expert matmuls by the reference, biases, the
+    gated activation, the routing weight. The down matmul's input is the activation of
+    the layer's own first product (checked against the reference first): computed from
+    the reference's instead, an input within float rounding of an 8-bit step could round
+    the other way."""
+    method = layer.quant_method
+    gate_up_bias = getattr(layer, "gate_up_proj_bias", None)
+    down_bias = getattr(layer, "down_proj_bias", None)
+    out = torch.zeros(x.shape[0], layer.down_proj.shape[1], dtype=torch.float64)
+    bound = torch.zeros_like(out)
+    for t in range(x.shape[0]):
+        for w, e in zip(weights[t].tolist(), ids[t].tolist(), strict=True):
+            xt = x[t : t + 1].float()
+            h = expert_linear(xt, layer.gate_up_proj[e], method.gate_up_type)
+            h_ref, h_magnitude = expert_linear_reference(xt, layer.gate_up_proj[e],
+                                                         method.gate_up_type)
+            assert within_bound(h, h_ref, h_magnitude) <= 1.0
+            if gate_up_bias is not None:
+                h = h + gate_up_bias[e].float()
+            act = gated_activation(h.float(), layer.activation)
+            y, magnitude = expert_linear_reference(act, layer.down_proj[e], method.down_type)
+            if down_bias is not None:
+                y = y + down_bias[e].double()
+            out[t] += w * y[0]
+            bound[t] += abs(w) * magnitude[0]
+    return out, bound
+
+
+@pytest.mark.parametrize("case", ["gpt-oss-MXFP4", "glm4moe-Q4_K", "granitemoe-Q4_1",
+                                  "granitemoe-F16"])
+def test_q8_experts_multiply_as_llamacpp(case, exported, tokenizer):
+    """The default ``activations=q8``: each MoE layer's routed experts, through a whole
+    generate, equal llama.cpp's arithmetic for their types (MXFP4 / Q8_0 / Q8_1 / Q8_K
+    activations and integer dots, F16 activations for F16) stated in numpy."""
+    _, path = exported(case)
+    llm = cpu_llm(path, dtype="float32", show_progress=False, kv_cache_memory=SMALL_KV)
+    layers = [m for m in llm.engine.model.modules()
+              if isinstance(getattr(m, "quant_method", None), GGMLFusedMoEMethod)]
+    assert layers and all(m.quant_method.uses_q8(m) for m in layers)
+    calls = []
+    hooks = [m.register_forward_hook(lambda mod, args, out: calls.append((mod, args, out)))
+             for m in layers]
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": tokenizer.encode(p)} for p in PROMPTS], params,
+                 use_tqdm=False)
+    for hook in hooks:
+        hook.remove()
+    assert len(calls) >= 2 * len(layers)  # the prefill and a decode step
+    for layer, (x, weights, ids), out in calls:
+        ref, bound = experts_reference(layer, x, weights, ids)
+        excess = within_bound(out, ref, bound)
+        assert excess <= 1.0, f"{case}: error {excess:.2f}x the bound"

@@ -7,6 +7,12 @@ rows, as the layer fuses them) and dequantizes them for that forward only, so
 the resident expert memory is the file's bytes. Rows are whole GGML rows, so
 the core's per-expert loader (which narrows rows) fills them unchanged.
 Expert biases (gpt-oss's ``ffn_{gate,up,down}_exps.bias``) are small and stay dense.
+
+With ``activations=q8`` on CPU (the default there) the experts multiply as llama.cpp's
+``mul_mat_id`` does instead: each routed expert's rows straight from its blocks, the
+activations rounded as for a linear layer of that type (Q8_K / Q8_0 / Q8_1 and integer dot
+products, F16 / BF16 rounding), and only the experts some token chose are touched
+(:meth:`GGMLFusedMoEMethod.apply`).
 """
 
 from __future__ import annotations
@@ -14,25 +20,31 @@ from __future__ import annotations
 from functools import partial
 
 import torch
+import torch.nn.functional as F
 from gguf.constants import GGMLQuantizationType
+from inference_engine.layers.moe.activation import gated_activation
+from inference_engine.layers.moe.dispatch import sort_by_expert
 from inference_engine.layers.moe.method import ExpertWeights, FusedMoEMethod, load_expert_part
 from torch import nn
 
-from inference_engine_gguf import cpu_kernels
+from inference_engine_gguf import cpu_kernels, q8k_kernels
 from inference_engine_gguf.dequant import dequantize
-from inference_engine_gguf.raw_tensors import empty_raw
+from inference_engine_gguf.raw_tensors import FLOAT_DTYPES, empty_raw
 
-__all__ = ["GGMLFusedMoEMethod"]
+T = GGMLQuantizationType
+
+__all__ = ["GGMLFusedMoEMethod", "expert_linear"]
 
 
 class GGMLFusedMoEMethod(FusedMoEMethod):
     """Experts as GGML rows: gate/up share ``gate_up_type``, down has ``down_type``."""
 
     def __init__(self, gate_up_type: GGMLQuantizationType, down_type: GGMLQuantizationType,
-                 dequantize_at_load: bool = False) -> None:
+                 dequantize_at_load: bool = False, activations: str = "float") -> None:
         self.gate_up_type = gate_up_type
         self.down_type = down_type
         self.dequantize_at_load = dequantize_at_load
+        self.activations = activations
 
     def create_weights(self, layer: nn.Module, prefix: str, num_experts: int, hidden_size: int,
                        intermediate_size: int, params_dtype: torch.dtype, bias: bool) -> None:
@@ -57,6 +69,42 @@ class GGMLFusedMoEMethod(FusedMoEMethod):
             layer.gate_up_proj = nn.Parameter(gate_up, requires_grad=False)
             layer.down_proj = nn.Parameter(down, requires_grad=False)
             self.gate_up_type = self.down_type = None  # type: ignore[assignment]
+        elif self.uses_q8(layer):
+            # The core's FusedMoE multiplies the dense weights expert_weights() returns;
+            # llama.cpp's arithmetic needs the blocks, so the layer runs apply() instead.
+            layer.forward = partial(self.apply, layer)
+
+    def uses_q8(self, layer: nn.Module) -> bool:
+        """Whether ``layer`` multiplies as llama.cpp does: ``activations=q8``, CPU, the
+        C++ kernel built."""
+        return (self.activations == "q8" and layer.gate_up_proj.device.type == "cpu"
+                and q8k_kernels.kernel() is not None)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, weights: torch.Tensor,
+              ids: torch.Tensor) -> torch.Tensor:
+        """``x [T, hidden]``, router ``weights``/``ids [T, k]`` -> ``[T, hidden]``: each
+        chosen expert's two matmuls in llama.cpp's arithmetic (see the module docstring)."""
+        dispatch = sort_by_expert(ids, layer.gate_up_proj.shape[0])
+        xs = x.index_select(0, dispatch.token_of).float()  # [T*k, K] in expert order
+        ys = xs.new_empty(xs.shape[0], layer.down_proj.shape[1])
+        gate_up_bias, down_bias = _biases(layer)
+        start = 0
+        for expert, count in enumerate(dispatch.counts.tolist()):
+            if not count:
+                continue
+            rows = slice(start, start + count)
+            h = expert_linear(xs[rows], layer.gate_up_proj[expert], self.gate_up_type)
+            if gate_up_bias is not None:
+                h = h + gate_up_bias[expert].float()
+            act = gated_activation(h, layer.activation)
+            y = expert_linear(act, layer.down_proj[expert], self.down_type)
+            if down_bias is not None:
+                y = y + down_bias[expert].float()
+            ys[rows] = y
+            start += count
+        ys.mul_(weights.reshape(-1)[dispatch.order].float().unsqueeze(1))
+        out = torch.zeros(x.shape[0], ys.shape[1], dtype=torch.float32, device=x.device)
+        return out.index_add_(0, dispatch.token_of, ys).to(x.dtype)
 
     def expert_weights(self, layer: nn.Module) -> ExpertWeights:
         if self.gate_up_type is None:  # dequantized at load
@@ -80,3 +128,14 @@ def _dequantize(raw: torch.Tensor, qtype: GGMLQuantizationType) -> torch.Tensor:
             and cpu_kernels.kernel() is not None):
         return cpu_kernels.dequantize(raw, qtype)
     return dequantize(raw, qtype)
+
+
+def expert_linear(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType
+                   ) -> torch.Tensor:
+    """``x [n, K] @ W.T`` for one expert's stored rows ``raw``, float32, as llama.cpp's CPU
+    backend multiplies that type (``activations=q8``)."""
+    if qtype in q8k_kernels.Q8_TYPES:
+        return q8k_kernels.q8_linear(x, raw, qtype)
+    if qtype in (T.F16, T.BF16):  # activations rounded to the weight's type first
+        x = x.to(FLOAT_DTYPES[qtype])
+    return F.linear(x.float(), dequantize(raw, qtype))

@@ -309,7 +309,8 @@ class GGUFMethod(QuantMethod):
         parts = self.expert_types.get(prefix)
         if parts is None:
             return None
-        return GGMLFusedMoEMethod(parts["gate"], parts["down"], self.dequantize_at_load)
+        return GGMLFusedMoEMethod(parts["gate"], parts["down"], self.dequantize_at_load,
+                                  activations=self.activations)
 
     # ---------------------------------------------------------------- runtime
     def apply(self, layer: nn.Module, x: torch.Tensor,
