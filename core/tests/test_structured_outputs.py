@@ -176,3 +176,17 @@ def test_abort_while_the_grammar_compiles_finishes_the_request(llm):
     (output,) = engine.abort_request(rid)  # admission happens in step(): still compiling
     assert output.finished and {c.finish_reason for c in output.outputs} == {"abort"}
     assert not engine.has_unfinished_requests() and not engine.structured.num_waiting
+
+
+def test_compile_cache_keeps_the_most_recent(model_path):
+    from inference_engine.structured_output import GrammarCompilerPool
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    pool = GrammarCompilerPool(tokenizer, len(tokenizer), [tokenizer.eos_token_id], max_cached=2)
+    first = pool.submit(StructuredOutputsParams(regex="a"))
+    pool.submit(StructuredOutputsParams(regex="b"))
+    assert pool.submit(StructuredOutputsParams(regex="a")) is first  # a hit, now most recent
+    pool.submit(StructuredOutputsParams(regex="c"))  # drops "b"
+    assert [k[1] for k in pool._cache] == ["a", "c"]
+    assert pool.compile(StructuredOutputsParams(regex="b")).grammar is not None
+    pool.close()

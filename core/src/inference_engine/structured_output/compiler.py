@@ -5,12 +5,14 @@ A slow compile (a large JSON schema) must not stall the requests already running
 request to the scheduler when it is done. Futures are cached by the constraint's
 :meth:`~.params.StructuredOutputsParams.cache_key`, so a schema is compiled once however
 many requests use it (a failed compile is cached too: the same bad schema fails fast).
+The cache keeps the most recently used ``max_cached`` constraints.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -56,19 +58,24 @@ class GrammarCompilerPool:
         stop_token_ids: ids that end a sequence (the engine's EOS set): allowed once the
             grammar is complete.
         max_workers: compile threads.
+        max_cached: compiled constraints kept (least recently used dropped first).
     """
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Collection[int],
-                 max_workers: int = 1) -> None:
+                 max_workers: int = 1, max_cached: int = 1024) -> None:
         import xgrammar
 
         self.tokenizer_info = xgrammar.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_token_ids) or None)
         self.vocab_size = vocab_size
-        self._compiler = xgrammar.GrammarCompiler(self.tokenizer_info, max_threads=max_workers)
+        # Our cache (below) is the only one: xgrammar's would hold every grammar again.
+        self._compiler = xgrammar.GrammarCompiler(self.tokenizer_info, max_threads=max_workers,
+                                                  cache_enabled=False)
         self._executor = ThreadPoolExecutor(max_workers=max_workers,
                                             thread_name_prefix="grammar-compile")
-        self._cache: dict[tuple[str, str, bool], Future[CompiledConstraint]] = {}
+        self._cache: OrderedDict[tuple[str, str, bool], Future[CompiledConstraint]] = \
+            OrderedDict()
+        self._max_cached = max_cached
         self._lock = threading.Lock()
 
     def submit(self, params: StructuredOutputsParams) -> Future[CompiledConstraint]:
@@ -78,6 +85,10 @@ class GrammarCompilerPool:
             future = self._cache.get(key)
             if future is None:
                 future = self._cache[key] = self._executor.submit(self._compile, params)
+                while len(self._cache) > self._max_cached:
+                    self._cache.popitem(last=False)  # requests holding it keep their future
+            else:
+                self._cache.move_to_end(key)
         return future
 
     def compile(self, params: StructuredOutputsParams) -> CompiledConstraint:
