@@ -101,6 +101,8 @@ class StructuredOutputManager:
     def fill_bitmask(self, seq_ids: Sequence[str]) -> torch.Tensor | None:
         """Host ``int32 [rows, ceil(vocab / 32)]`` allowed-token bits; None when no row
         has an unfinished grammar."""
+        if not self._matchers:
+            return None
         rows = [(i, self._matchers.get(s)) for i, s in enumerate(seq_ids)]
         rows = [(i, m) for i, m in rows if m is not None and not m.is_terminated()]
         if not rows:
