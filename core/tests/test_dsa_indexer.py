@@ -148,7 +148,7 @@ def test_fp8_indexer_scores_follow_the_formula():
     hidden, q_resid = inputs(config)
     blocks = [5, 2, 7, 0, 9, 11]
     got = our_selection(build_ours(config, hf, False, blocks), config, hidden, q_resid,
-                        [SEQ_LEN], blocks)
+                        [SEQ_LEN - 4, 1, 1, 1, 1], blocks)  # then decodes
     # The same q and k as transformers' indexer computes them (half-split rope).
     cos, sin = rotary_cls(config)(hidden[None], torch.arange(SEQ_LEN)[None])
     h, d, r = config.index_n_heads, config.index_head_dim, config.qk_rope_head_dim

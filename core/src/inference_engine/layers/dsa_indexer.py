@@ -188,14 +188,33 @@ class LightningIndexer(nn.Module):
         weights = self.weights_proj(hidden).float() * self.num_heads ** -0.5
         width = max(metadata.seq_lens_list)
         scores = torch.full((t, width), float("-inf"), dtype=torch.float32, device=hidden.device)
+        n = metadata.num_decodes
+        if n:
+            scores[:n] = self._decode_scores(q[:n], weights[:n], cache, metadata, width)
         starts = metadata.query_start_loc.tolist()
-        for i, seq_len in enumerate(metadata.seq_lens_list):
+        for i in range(n, metadata.num_seqs):
+            seq_len = metadata.seq_lens_list[i]
             start, end = starts[i], starts[i + 1]
             keys = gather_context(cache, metadata.block_tables[i], seq_len, metadata.block_size)
             scores[start:end, :seq_len] = index_scores(
                 q[start:end], weights[start:end], self.cached_keys(keys[:, 0]),
                 seq_len - (end - start))
         return topk_positions(scores, self.topk, self.topk_impl)
+
+    def _decode_scores(self, q: torch.Tensor, weights: torch.Tensor, cache: torch.Tensor,
+                       metadata: AttentionMetadata, width: int) -> torch.Tensor:
+        """Scores of ``n`` decodes (one query each, the last position of its sequence) in
+        one batched gather and two einsums: ``[n, width]``, ``-inf`` past each context."""
+        n, bs = q.shape[0], metadata.block_size
+        num_blocks = -(-width // bs)
+        tables = metadata.block_tables[:n, :num_blocks]
+        keys = self.cached_keys(cache[tables].reshape(n, num_blocks * bs, -1)[:, :width])
+        valid = torch.arange(width, device=q.device)[None, :] < metadata.seq_lens[:n, None]
+        # NOTE: slots past a context's end were never written (anything, NaN included).
+        keys = keys.masked_fill(~valid[..., None], 0.0)
+        scores = torch.einsum("nhd,nsd->nhs", q, keys).relu_()
+        scores = torch.einsum("nhs,nh->ns", scores, weights)
+        return scores.masked_fill_(~valid, float("-inf"))
 
     def extra_repr(self) -> str:
         return (f"heads={self.num_heads}, head_dim={self.head_dim}, topk={self.topk}, "
