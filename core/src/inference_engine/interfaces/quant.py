@@ -42,6 +42,9 @@ class QuantMethod(ABC):
 
     # Keys this method reads from ``--quant-option KEY=VALUE`` (the loader refuses others).
     option_names: frozenset[str] = frozenset()
+    # Whether apply() multiplies by the layer's packed bf16 copy ``layer.gemv_weight`` where
+    # it has one (the unquantized method on CPU): the CPU decode step runs that GEMV itself.
+    multiplies_packed_bf16: bool = False
 
     def __init__(self, checkpoint_config: dict[str, Any] | None = None, **options: Any) -> None:
         # The checkpoint's ``quantization_config`` (None for online methods).

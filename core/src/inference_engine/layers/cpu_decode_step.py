@@ -29,7 +29,6 @@ import torch
 
 from inference_engine.builtin.attention.cpu_decode_kernel import KERNEL_CACHE_DTYPES, decode_kernel
 from inference_engine.builtin.attention.cpu_paged import CpuPagedAttentionBackend
-from inference_engine.builtin.quant.unquantized import UnquantizedMethod
 from inference_engine.cpu_extensions import load_cpu_extension_from_files
 from inference_engine.interfaces.attention import AttentionMetadata
 from inference_engine.layers.cpu_fused import fused_kernels
@@ -130,7 +129,7 @@ def linear_spec(proj: torch.nn.Module) -> torch.Tensor | tuple[int, int, Any] | 
     (:meth:`~inference_engine.interfaces.quant.QuantMethod.cpu_linear_entry`), or why
     neither exists."""
     method = proj.quant_method
-    if type(method) is UnquantizedMethod:
+    if method.multiplies_packed_bf16:
         packed = getattr(proj, "gemv_weight", None)
         if packed is None or not is_packed(packed):
             return f"{proj.prefix} has no packed bf16 weight"

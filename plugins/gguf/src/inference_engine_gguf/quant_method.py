@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from gguf.constants import GGMLQuantizationType
 from inference_engine.builtin.quant.unquantized import UnquantizedMethod
 from inference_engine.cpu_extensions import cpu_kernels_enabled
-from inference_engine.interfaces.quant import QuantMethod
+from inference_engine.interfaces.quant import CpuLinearEntry, QuantMethod
 from inference_engine.layers.weights import STACKED_PARAMS
 from torch import nn
 
@@ -313,6 +313,17 @@ class GGUFMethod(QuantMethod):
                                   activations=self.activations)
 
     # ---------------------------------------------------------------- runtime
+    def cpu_linear_entry(self, layer: nn.Module) -> CpuLinearEntry | None:
+        """The q8 product of a layer whose parts share one activation rounding (what
+        :meth:`apply` runs in one kernel call), for the core's CPU decode step."""
+        parts = getattr(layer, "gguf_q8_parts", None)
+        ext = q8k_kernels.kernel() if parts is not None else None
+        if ext is None:
+            return None
+        owner = ext.Q8Linear(parts.weights, parts.qtypes, parts.packed, layer.input_size,
+                             layer.output_size)
+        return CpuLinearEntry(ext.q8_parts_linear_address(), owner.context(), owner)
+
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
         segments = layer.gguf_segments

@@ -23,6 +23,8 @@ class UnquantizedMethod(QuantMethod):
     (``"q"``, ``"k"``, ``"v"``, or ``0``/``1`` for gate/up) of the layer.
     """
 
+    multiplies_packed_bf16 = True
+
     name = "unquantized"
 
     def create_weights(

@@ -948,7 +948,37 @@ torch::Tensor ggml_linear_q8k(torch::Tensor x, torch::Tensor raw, int64_t qtype)
   return y;
 }
 
+// A layer's parts for ie_q8_parts_linear_raw: the core's CPU decode step (which chains
+// every layer of a decode step in C++) multiplies through it without Python.
+struct Q8Linear {
+  std::vector<torch::Tensor> weights;
+  std::vector<int64_t> qtypes;
+  std::vector<bool> packed;
+  int64_t K, N;
+};
+
+// y [M, N] = Q(x) . parts^T for x [M, K] (rows ldx apart), y dense: q8k_parts_into on
+// plain pointers (the core's CpuLinearEntry function; ctx is a Q8Linear).
+extern "C" void ie_q8_parts_linear_raw(void* ctx, const float* x, int64_t ldx, int64_t M,
+                                       float* y) {
+  const auto* l = static_cast<const Q8Linear*>(ctx);
+  auto opts = torch::TensorOptions().dtype(torch::kFloat32);
+  auto xt = torch::from_blob(const_cast<float*>(x), {M, l->K}, {ldx, 1}, opts);
+  auto yt = torch::from_blob(y, {M, l->N}, opts);
+  q8k_parts_into(xt, l->weights, l->qtypes, l->packed, yt);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  pybind11::class_<Q8Linear>(m, "Q8Linear")
+      .def(pybind11::init([](std::vector<torch::Tensor> w, std::vector<int64_t> t,
+                             std::vector<bool> p, int64_t K, int64_t N) {
+        TORCH_CHECK(w.size() == t.size() && w.size() == p.size() && !w.empty(), "bad parts");
+        return Q8Linear{std::move(w), std::move(t), std::move(p), K, N};
+      }))
+      .def("context", [](Q8Linear& l) { return reinterpret_cast<int64_t>(&l); });
+  m.def("q8_parts_linear_address",
+        []() { return reinterpret_cast<int64_t>(&ie_q8_parts_linear_raw); },
+        "address of ie_q8_parts_linear_raw");
   m.def("quantize_q8k", torch::wrap_pybind_function(quantize_q8k), "quantize_q8k");
   m.def("quantize_q8_0", torch::wrap_pybind_function(quantize_q8_0), "quantize_q8_0");
   m.def("quantize_q8_1", torch::wrap_pybind_function(quantize_q8_1), "quantize_q8_1");
