@@ -639,3 +639,27 @@ def test_strict_tools_need_a_format_that_can_be_forced():
     with pytest.raises(APIError, match="strict"):
         tool_call_constraint(Qwen3CoderToolParser, STRICT_TOOLS, "auto", None)
     assert tool_call_constraint(Qwen3CoderToolParser, TOOLS, "required", None) is None
+
+
+WEATHER = {"type": "object", "additionalProperties": False,
+           "properties": {"city": {"type": "string", "maxLength": 16},
+                          "celsius": {"type": "integer", "minimum": -40, "maximum": 50}},
+           "required": ["city", "celsius"]}
+
+
+@pytest.mark.parametrize("thinking", [None, False])
+def test_json_schema_applies_after_the_reasoning_section(demo_client, thinking):
+    """Reasoning is free text (the qwen3 reasoning parser splits it off); the content is the
+    JSON the schema asks for."""
+    model = demo_client.models.list().data[0].id
+    extra = {} if thinking is None else {"chat_template_kwargs": {"enable_thinking": thinking}}
+    reasoned = 0
+    for seed in range(3):
+        message = demo_client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": QUESTIONS[0]}], temperature=0.7,
+            seed=seed, max_tokens=400, extra_body=extra, response_format={
+                "type": "json_schema", "json_schema": {"name": "w", "schema": WEATHER}}
+        ).choices[0].message
+        jsonschema.validate(json.loads(message.content), WEATHER)
+        reasoned += bool(message.model_extra.get("reasoning_content"))
+    assert reasoned == (3 if thinking is None else 0)

@@ -39,6 +39,7 @@ from inference_engine.entrypoints.openai.streaming import (
 from inference_engine.interfaces.parsers import ParsedDelta
 from inference_engine.outputs import CompletionOutput, RequestOutput
 from inference_engine.parsing import ParserPipeline, thinking_from_kwargs, to_openai_delta
+from inference_engine.structured_output.reasoning import after_reasoning
 
 __all__ = ["create_chat_completion", "render_chat"]
 
@@ -122,6 +123,12 @@ async def create_chat_completion(serving: ModelServing, body: ChatCompletionRequ
             raise APIError("a forced tool call (tool_choice or strict tools) and another output "
                            "constraint cannot be combined", param="tool_choice")
         extra["structured_outputs"] = forced_calls
+    end_marker = _reasoning_end(serving, body)
+    if end_marker is not None and "structured_outputs" in extra:
+        # As vLLM: the constraint applies once the reasoning section has ended.
+        tag = getattr(parser_cls, "call_tag", None)
+        extra["structured_outputs"] = after_reasoning(
+            extra["structured_outputs"], end_marker, [tag.trigger] if tag else [])
     params = serving.sampling_params(
         body, len(prompt_ids), body.max_new_tokens(), top_n,
         max_tokens_field="max_completion_tokens" if body.max_completion_tokens is not None
@@ -140,6 +147,18 @@ async def create_chat_completion(serving: ModelServing, body: ChatCompletionRequ
     finally:
         await run.release()
     return JSONResponse(payload, headers={"X-Request-Id": request_id})
+
+
+def _reasoning_end(serving: ModelServing, body: ChatCompletionRequest) -> str | None:
+    """The reasoning parser's end marker when this request's output starts with reasoning
+    (a think-marker parser with thinking on), else None."""
+    cls = serving.parsers.reasoning_parser_cls if serving.parsers is not None else None
+    marker = getattr(cls, "end_marker", None)
+    if cls is None or not marker:
+        return None
+    parser = cls(tokenizer=serving.tokenizer,
+                 enable_thinking=thinking_from_kwargs(body.chat_template_kwargs))
+    return marker if getattr(parser, "is_thinking", False) else None
 
 
 def _join(a: ParsedDelta, b: ParsedDelta) -> ParsedDelta:
