@@ -12,17 +12,19 @@ from inference_engine.registry import Spec
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "AsyncLLM", "SamplingParams", "Spec", "__version__", "hookimpl"]
+__all__ = ["LLM", "AsyncLLM", "LoRARequest", "SamplingParams", "Spec", "__version__", "hookimpl"]
 
 _LAZY = {
     "LLM": "inference_engine.entrypoints.llm",
     "AsyncLLM": "inference_engine.engine.async_client",
     "SamplingParams": "inference_engine.sampling_params",
+    "LoRARequest": "inference_engine.lora.request",
 }
 
 if TYPE_CHECKING:
     from inference_engine.engine.async_client import AsyncLLM
     from inference_engine.entrypoints.llm import LLM
+    from inference_engine.lora.request import LoRARequest
     from inference_engine.sampling_params import SamplingParams
 
 

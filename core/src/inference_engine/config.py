@@ -243,6 +243,30 @@ class SpeculativeConfig:
 
 
 @dataclass
+class LoRAConfig:
+    """Multi-LoRA serving (``--enable-lora``; vLLM's option names and defaults)."""
+
+    enable_lora: bool = False
+    # Adapters held on the device at once (slots); a step runs at most this many.
+    max_loras: int = 1
+    # The largest adapter rank accepted (slots are this wide).
+    max_lora_rank: int = 16
+    # Adapters kept in host memory; None: max_loras.
+    max_cpu_loras: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_loras < 1:
+            raise ValueError(f"max_loras must be at least 1, got {self.max_loras}")
+        if self.max_lora_rank < 1:
+            raise ValueError(f"max_lora_rank must be at least 1, got {self.max_lora_rank}")
+        if self.max_cpu_loras is None:
+            self.max_cpu_loras = self.max_loras
+        if self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras "
+                             f"({self.max_loras})")
+
+
+@dataclass
 class EngineConfig:
     """The root config handed to every engine component."""
 
@@ -252,6 +276,7 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     quant: QuantConfig = field(default_factory=QuantConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> EngineConfig:
@@ -268,6 +293,7 @@ class EngineConfig:
             "parallel": {},
             "quant": {},
             "speculative": {},
+            "lora": {},
         }
         owners = {
             f.name: section
@@ -278,6 +304,7 @@ class EngineConfig:
                 ("parallel", ParallelConfig),
                 ("quant", QuantConfig),
                 ("speculative", SpeculativeConfig),
+                ("lora", LoRAConfig),
             )
             for f in fields(sub)
         }
@@ -296,4 +323,5 @@ class EngineConfig:
             parallel=ParallelConfig(**parts["parallel"]),
             quant=QuantConfig(**parts["quant"]),
             speculative=SpeculativeConfig(**parts["speculative"]),
+            lora=LoRAConfig(**parts["lora"]),
         )

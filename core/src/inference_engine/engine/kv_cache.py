@@ -163,10 +163,12 @@ class BlockManager:
         return max(0, -(-num_tokens // self.block_size) - have)
 
     # ---- prefix cache ---------------------------------------------------
-    def match_prefix(self, request_id: str, token_ids: Sequence[int]) -> int:
+    def match_prefix(self, request_id: str, token_ids: Sequence[int],
+                     salt: int | None = None) -> int:
         """Attach cached blocks for the longest cached prefix; return tokens covered.
 
-        At least one token is always left to compute so the step yields logits.
+        At least one token is always left to compute so the step yields logits. ``salt``
+        keys what else the K/V depend on (a LoRA adapter): only equal salts share blocks.
         """
         if not self.enable_prefix_caching or request_id in self.req_blocks:
             return 0
@@ -175,7 +177,7 @@ class BlockManager:
         self.stats.queried_tokens += len(token_ids)
         blocks: list[int] = []
         hashes: list[int] = []
-        parent: int | None = None
+        parent: int | None = salt
         for i in range(max_blocks):
             h = chain_hash(parent, token_ids[i * bs : (i + 1) * bs])
             block = self._cached.get(h)
@@ -194,8 +196,10 @@ class BlockManager:
         self.stats.hit_tokens += hit
         return hit
 
-    def cache_full_blocks(self, request_id: str, token_ids: Sequence[int], num_computed: int) -> None:
-        """Register the request's blocks that are now full of computed tokens."""
+    def cache_full_blocks(self, request_id: str, token_ids: Sequence[int], num_computed: int,
+                          salt: int | None = None) -> None:
+        """Register the request's blocks that are now full of computed tokens (``salt``: as
+        for :meth:`match_prefix`)."""
         if not self.enable_prefix_caching:
             return
         blocks = self.req_blocks.get(request_id)
@@ -204,7 +208,7 @@ class BlockManager:
         hashes = self._req_hashes.setdefault(request_id, [])
         bs = self.block_size
         full = min(num_computed // bs, len(blocks))
-        parent = hashes[-1] if hashes else None
+        parent = hashes[-1] if hashes else salt
         for i in range(len(hashes), full):
             h = chain_hash(parent, token_ids[i * bs : (i + 1) * bs])
             hashes.append(h)

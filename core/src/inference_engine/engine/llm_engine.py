@@ -18,6 +18,7 @@ from inference_engine.engine.output_state import RequestGroup, SequenceState
 from inference_engine.engine.request import FinishReason, Request, RequestStatus
 from inference_engine.engine.scheduler import Scheduler, SchedulerOutput
 from inference_engine.interfaces.platform import MemoryProfiler
+from inference_engine.lora.request import LoRARequest
 from inference_engine.outputs import CompletionOutput, RequestOutput
 from inference_engine.platforms.selection import select_platform, set_current_platform
 from inference_engine.sampling_params import SamplingParams
@@ -73,6 +74,9 @@ class LLMEngine:
         if sched.max_num_seqs is None:
             sched.max_num_seqs = self.platform.default_max_num_seqs()
         block_size = config.cache.block_size
+        # LoRA slots wrap the linear layers before the runner binds the cache (which decides
+        # whether the C++ decode step can run the layers: not with LoRA).
+        self.lora = self._make_lora_manager()
         self.runner = ModelRunner(
             self.model,
             self.platform,
@@ -80,7 +84,8 @@ class LLMEngine:
             self.max_model_len,
             sched.max_num_seqs,
             sched.max_num_batched_tokens,
-            enforce_eager=config.model.enforce_eager,
+            # A step's adapter groups change from step to step: no captured graphs.
+            enforce_eager=config.model.enforce_eager or self.lora is not None,
         )
         bytes_per_block = KVCachePool.bytes_per_block_for(self.runner.kv_cache_specs(), block_size)
         num_blocks = self._num_blocks(bytes_per_block)
@@ -91,6 +96,8 @@ class LLMEngine:
         self.graphs_message = self.runner.capture_decode_graphs()
         self.blocks = BlockManager(num_blocks, block_size, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(sched, self.blocks, self.max_model_len)
+        if self.lora is not None:
+            self.scheduler.max_loras = config.lora.max_loras
         from inference_engine.sampling.sampler import Sampler
 
         self.sampler = Sampler(seed=config.model.seed, tokenizer=self.tokenizer)
@@ -113,6 +120,13 @@ class LLMEngine:
         self.num_prompt_tokens_computed = 0
 
     # ---- set-up -------------------------------------------------------------
+    def _make_lora_manager(self) -> Any:
+        if not self.config.lora.enable_lora:
+            return None
+        from inference_engine.lora.manager import LoRAManager
+
+        return LoRAManager(self.model, self.config.lora, self.platform.device(), self.dtype)
+
     def _num_blocks(self, bytes_per_block: int) -> int:
         memory = self.config.cache.kv_cache_memory
         profiler = self.platform.memory_profiler()
@@ -183,13 +197,15 @@ class LLMEngine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         final_only: bool = False,
+        lora_request: LoRARequest | None = None,
     ) -> str:
         """Queue a request; returns its id. ``final_only``: :meth:`step` reports it once, finished
         (as vLLM's ``RequestOutputKind.FINAL_ONLY``), and its text is decoded then.
 
         Raises:
             ValueError: empty prompt, a prompt at or over the context limit, token
-                ids outside the vocabulary, or a duplicate id.
+                ids outside the vocabulary, a duplicate id, or a LoRA adapter that cannot
+                run (LoRA off, or the adapter's problem named).
         """
         params = params or SamplingParams()
         request_id = request_id if request_id is not None else str(next(self._ids))
@@ -208,6 +224,7 @@ class LLMEngine:
         if bad:
             raise ValueError(f"prompt token ids outside the vocabulary [0, {vocab}): {bad[:8]}")
         params.update_from_tokenizer(self.tokenizer, vocab)
+        adapter = self._lora_adapter(lora_request)
         stop_ids = frozenset(params.stop_token_ids or ())
         eos = stop_ids if params.ignore_eos else self.eos_token_ids | stop_ids
         group = RequestGroup(request_id, text, token_ids, final_only=final_only)
@@ -220,6 +237,7 @@ class LLMEngine:
                 params=child_params,
                 eos_token_ids=eos,
                 max_model_len=self.max_model_len,
+                lora=adapter,
             )
             group.children.append(SequenceState(
                 child, group, index, self._detokenizer(token_ids, child_params)))
@@ -233,6 +251,30 @@ class LLMEngine:
             else:
                 self.scheduler.add(state.request)
         return request_id
+
+    def _lora_adapter(self, lora_request: LoRARequest | None) -> Any:
+        if lora_request is None:
+            return None
+        if self.lora is None:
+            raise ValueError(f"LoRA adapter {lora_request.lora_name!r} requested but LoRA is "
+                             f"not enabled (enable_lora=True / --enable-lora)")
+        return self.lora.load(lora_request)
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Read and check an adapter now (vLLM's ``add_lora``); later requests reuse it.
+
+        Raises:
+            ValueError: LoRA is off, or what is wrong with the adapter.
+        """
+        self._lora_adapter(lora_request)
+        return True
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Forget an adapter; requests running with it finish with their own copy."""
+        return self.lora is not None and self.lora.remove(lora_int_id)
+
+    def list_loras(self) -> list[LoRARequest]:
+        return [] if self.lora is None else self.lora.loaded()
 
     def _detokenizer(self, prompt_token_ids: list[int], params: SamplingParams) -> Any:
         from inference_engine.detokenizer import IncrementalDetokenizer
@@ -374,6 +416,9 @@ class LLMEngine:
             out, None,
             previous.source_rows if previous is not None else None,
             previous.sampled if previous is not None else None)
+        if self.lora is not None:
+            self.lora.prepare_step([s.request.lora for s in out.scheduled],
+                                   [s.num_new_tokens for s in out.scheduled])
         logits = self.runner.execute_batch(batch)
         for i, prompt_logits in logits.prompt_logits.items():
             self._add_prompt_logprobs(out.scheduled[i], prompt_logits)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
+
 from inference_engine.sampling_params import SamplingParams
 
 __all__ = ["FinishReason", "Request", "RequestStatus"]
@@ -52,6 +54,9 @@ class Request:
     # The stop string or token id that ended it.
     stop_reason: int | str | None = None
     num_preemptions: int = 0
+    # The LoRA adapter it runs with (``inference_engine.lora.adapter.LoRAAdapter``); None:
+    # the base model.
+    lora: Any = None
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
@@ -61,6 +66,17 @@ class Request:
     def num_tokens(self) -> int:
         """Known tokens, those still being sampled on the device included."""
         return len(self.all_token_ids) + self.num_pending_tokens
+
+    @property
+    def lora_int_id(self) -> int:
+        """Its adapter's id; 0 for the base model."""
+        return 0 if self.lora is None else self.lora.request.lora_int_id
+
+    @property
+    def prefix_salt(self) -> int | None:
+        """Seeds its prefix-cache keys: K/V computed under an adapter is reused only by
+        requests with the same adapter."""
+        return None if self.lora is None else self.lora.request.prefix_salt
 
     @property
     def num_prompt_tokens(self) -> int:

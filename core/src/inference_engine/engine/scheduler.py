@@ -63,6 +63,8 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.paused = False
         self.num_preemptions = 0
+        # Distinct LoRA adapters that may run at once (the device slots); None: no LoRA.
+        self.max_loras: int | None = None
 
     # ---- queue management -------------------------------------------------
     def add(self, request: Request) -> None:
@@ -152,6 +154,8 @@ class Scheduler:
             request = self.waiting[0]
             if request.num_pending_tokens:
                 break  # preempted with a token still on the device: recompute once it is read
+            if self._lora_slots_full(request):
+                break  # FCFS: it waits until a running adapter's requests finish
             if -(-request.num_tokens // self.blocks.block_size) > self.blocks.num_blocks - 1:
                 # Even alone in the pool it does not fit: it never will (checked before any
                 # chunk runs, so a chunked prompt cannot fill the pool and cycle).
@@ -161,7 +165,7 @@ class Scheduler:
                 continue
             if request.num_computed_tokens == 0 and request.params.prompt_logprobs is None:
                 request.num_computed_tokens = self.blocks.match_prefix(
-                    request.request_id, request.all_token_ids
+                    request.request_id, request.all_token_ids, request.prefix_salt
                 )
             remaining = request.num_tokens - request.num_computed_tokens
             num_new = min(remaining, budget)
@@ -190,6 +194,13 @@ class Scheduler:
         out.scheduled = scheduled
         return out
 
+    def _lora_slots_full(self, request: Request) -> bool:
+        """Whether admitting ``request`` would run more distinct adapters than slots."""
+        if self.max_loras is None or request.lora is None:
+            return False
+        running = {r.lora_int_id for r in self.running} - {0}
+        return request.lora_int_id not in running and len(running) >= self.max_loras
+
     def _fail_too_long(self, request: Request) -> None:
         logger.warning(
             "request %s needs more KV blocks than the whole pool holds; finishing it",
@@ -207,5 +218,6 @@ class Scheduler:
                 continue
             request.num_computed_tokens += s.num_new_tokens
             self.blocks.cache_full_blocks(
-                request.request_id, request.all_token_ids, request.num_computed_tokens
+                request.request_id, request.all_token_ids, request.num_computed_tokens,
+                request.prefix_salt
             )

@@ -9,6 +9,7 @@ from tqdm.auto import tqdm
 
 from inference_engine.config import EngineConfig
 from inference_engine.engine.llm_engine import LLMEngine, PromptInput
+from inference_engine.lora.request import LoRARequest
 from inference_engine.outputs import RequestOutput
 from inference_engine.sampling_params import SamplingParams
 
@@ -20,7 +21,8 @@ class LLM:
 
     Keywords are the engine's (``dtype``, ``block_size``, ``max_num_seqs``,
     ``max_num_batched_tokens``, ``enable_prefix_caching``, ``kv_cache_memory``,
-    ``device_ids``, ``attention_backend``, ``quantization``, ...).
+    ``device_ids``, ``attention_backend``, ``quantization``, ``enable_lora``,
+    ``max_loras``, ``max_lora_rank``, ``max_cpu_loras``, ...).
     """
 
     def __init__(self, model: str, show_progress: bool = True, **kwargs: Any) -> None:
@@ -36,8 +38,13 @@ class LLM:
         prompts: PromptInput | Sequence[PromptInput],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion, batched together; outputs in prompt order."""
+        """Run every prompt to completion, batched together; outputs in prompt order.
+
+        ``lora_request``: one adapter for every prompt, or a list with one (or None) per
+        prompt (needs ``enable_lora=True``).
+        """
         if isinstance(prompts, (str, dict)) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
@@ -51,15 +58,22 @@ class LLM:
                 raise ValueError(
                     f"got {len(params_list)} SamplingParams for {len(prompts)} prompts"
                 )
+        if lora_request is None or isinstance(lora_request, LoRARequest):
+            loras = [lora_request] * len(prompts)
+        else:
+            loras = list(lora_request)
+            if len(loras) != len(prompts):
+                raise ValueError(f"got {len(loras)} LoRA requests for {len(prompts)} prompts")
         engine = self.engine
         prompts = [truncate_prompt(engine, prompt, params.truncate_prompt_tokens)
                    for prompt, params in zip(prompts, params_list, strict=True)]
         base = f"llm-{id(self)}-{engine.num_unfinished_requests()}-"
         ids = []
         try:
-            for i, (prompt, params) in enumerate(zip(prompts, params_list, strict=True)):
+            for i, (prompt, params, lora) in enumerate(zip(prompts, params_list, loras,
+                                                           strict=True)):
                 ids.append(engine.add_request(prompt, params, request_id=f"{base}{i}",
-                                              final_only=True))
+                                              final_only=True, lora_request=lora))
         except Exception:
             engine.abort_request(ids)
             raise

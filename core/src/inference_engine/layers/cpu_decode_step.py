@@ -109,6 +109,8 @@ def decode_step_blocker(model: torch.nn.Module) -> str | None:
             return f"{where}: no float32/bfloat16 KV cache in blocks of at most 16 bound"
         mlp = layer._modules[layer.mlp_name]
         for proj in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+            if proj.lora is not None:
+                return f"{where}: {proj.prefix} has LoRA adapters (added in Python each step)"
             spec = linear_spec(proj)
             if isinstance(spec, str):
                 return f"{where}: {spec}"

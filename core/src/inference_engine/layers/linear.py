@@ -15,6 +15,7 @@ rows, :class:`RowLinear` splits its input columns and all-reduces. Today
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -82,6 +83,9 @@ class LinearBase(nn.Module):
 
     # Tensor-parallel world size this layer is split over (always 1 for now).
     tp_size: int = 1
+    # LoRA slots (``inference_engine.lora.layer.LoRALayerSlots``) when LoRA is enabled:
+    # their ``add_delta(x, out)`` adds each token's adapter product to the output.
+    lora: Any = None
 
     def __init__(
         self,
@@ -136,7 +140,8 @@ class LinearBase(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [num_tokens, K]`` -> ``[num_tokens, N]``."""
-        return self.quant_method.apply(self, x, self.bias)
+        out = self.quant_method.apply(self, x, self.bias)
+        return out if self.lora is None else self.lora.add_delta(x, out)
 
     def extra_repr(self) -> str:
         return f"in={self.input_size}, out={self.output_sizes}, bias={self.bias is not None}"
