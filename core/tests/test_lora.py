@@ -10,48 +10,26 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from inference_engine import LoRARequest, SamplingParams
+from inference_engine.lora.testing import ALL_TARGETS, make_peft_adapter, peft_reference
 from inference_engine.testing import cpu_llm, make_tiny_model
 from inference_engine.testing_parity import assert_greedy_matches, hf_greedy
 
 peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
 
-ALL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 NEW_TOKENS = 12
-
-
-def make_adapter(base: Path, out: Path, seed: int, **lora: object) -> Path:
-    """Save a random peft LoRA adapter for the model at ``base`` under ``out``."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    torch.manual_seed(seed)
-    config = peft.LoraConfig(init_lora_weights=False, task_type="CAUSAL_LM", **lora)
-    peft_model = peft.get_peft_model(model, config)
-    with torch.no_grad():  # peft's random init of B is small: make the adapter decisive
-        for name, p in peft_model.named_parameters():
-            if "lora_" in name:
-                p.normal_(0.0, 0.3)
-    peft_model.save_pretrained(out)
-    return out
-
-
-def peft_reference(base: Path, adapter: Path | None) -> torch.nn.Module:
-    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    if adapter is not None:
-        model = peft.PeftModel.from_pretrained(model, adapter)
-    return model.eval()
 
 
 @pytest.fixture(scope="module")
 def lora_setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("lora")
     base = make_tiny_model(root / "base", arch="qwen3")
-    plain = make_adapter(base, root / "plain", seed=1, r=8, lora_alpha=16,
-                         target_modules=ALL_TARGETS)
-    rs = make_adapter(base, root / "rslora", seed=2, r=4, lora_alpha=8, use_rslora=True,
-                      target_modules=["q_proj", "v_proj", "up_proj", "down_proj"])
+    plain = make_peft_adapter(base, root / "plain", seed=1, r=8, lora_alpha=16,
+                              target_modules=ALL_TARGETS)
+    rs = make_peft_adapter(base, root / "rslora", seed=2, r=4, lora_alpha=8, use_rslora=True,
+                           target_modules=["q_proj", "v_proj", "up_proj", "down_proj"])
     return {"base": base, "plain": plain, "rslora": rs}
 
 
@@ -95,3 +73,48 @@ def test_mixed_batch_gives_each_its_own_tokens(llm, lora_setup) -> None:
     assert len({tuple(t) for t in expected[:3]}) == 3, "the adapters must change the output"
     for (prompt, _, name), got, ref in zip(rows, ours, expected, strict=True):
         assert_greedy_matches(references[name], prompt, got, ref)
+
+
+def test_more_adapters_than_slots_take_turns(lora_setup) -> None:
+    """One device slot, two adapters and the base model in one generate: the scheduler runs
+    one adapter at a time and the slot is swapped from host memory; each matches peft."""
+    llm = cpu_llm(lora_setup["base"], enable_lora=True, max_loras=1, max_lora_rank=8)
+    plain = LoRARequest("plain", 1, str(lora_setup["plain"]))
+    rs = LoRARequest("rslora", 2, str(lora_setup["rslora"]))
+    rows = [(PROMPTS[0], plain, "plain"), (PROMPTS[1], rs, "rslora"), (PROMPTS[2], None, None),
+            (PROMPTS[1], plain, "plain")]
+    ours = greedy(llm, [p for p, _, _ in rows], [lora for _, lora, _ in rows])
+    references = {name: peft_reference(lora_setup["base"], lora_setup[name] if name else None)
+                  for name in ("plain", "rslora", None)}
+    for (prompt, _, name), got in zip(rows, ours, strict=True):
+        ref = hf_greedy(references[name], [prompt], NEW_TOKENS)[0]
+        assert_greedy_matches(references[name], prompt, got, ref)
+
+
+def test_prefix_cache_is_per_adapter(llm, lora_setup) -> None:
+    """K/V cached by the base model is not reused under an adapter (nor the other way);
+    the same adapter reuses its own."""
+    prompt = [(7 * i + 3) % 300 + 2 for i in range(40)]  # more than two 16-token blocks
+    plain = LoRARequest("plain", 1, str(lora_setup["plain"]))
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    llm.generate({"prompt_token_ids": prompt}, params)
+    first = llm.generate({"prompt_token_ids": prompt}, params, lora_request=plain)[0]
+    again = llm.generate({"prompt_token_ids": prompt}, params, lora_request=plain)[0]
+    assert first.num_cached_tokens == 0
+    assert again.num_cached_tokens >= 32
+    reference = peft_reference(lora_setup["base"], lora_setup["plain"])
+    ref = hf_greedy(reference, [prompt], NEW_TOKENS)[0]
+    for out in (first, again):
+        assert_greedy_matches(reference, prompt, out.outputs[0].token_ids, ref)
+
+
+def test_lora_request_needs_enable_lora(lora_setup) -> None:
+    llm = cpu_llm(lora_setup["base"])
+    with pytest.raises(ValueError, match="enable_lora"):
+        llm.generate([PROMPTS[0]], lora_request=LoRARequest("plain", 1,
+                                                            str(lora_setup["plain"])))
+
+
+def test_lora_request_per_prompt_count_is_checked(llm, lora_setup) -> None:
+    with pytest.raises(ValueError, match="2 LoRA requests for 1 prompts"):
+        llm.generate([PROMPTS[0]], lora_request=[None, None])

@@ -39,6 +39,8 @@ class _EngineCollector:
             ("kv_cache_usage", "kv_cache_usage_perc", "Share of KV blocks in use (0-1)."),
             ("prefix_cache_hit_rate", "prefix_cache_hit_rate",
              "Prompt tokens served from the prefix cache / prompt tokens looked up."),
+            ("num_held_samples", "num_samples_held",
+             "Samples of n > 1 requests held back until their group's running ones finish."),
         ):
             gauge = GaugeMetricFamily(PREFIX + name, doc, labels=labels)
             gauge.add_metric([self.model_name], float(s.get(key, 0.0)))
