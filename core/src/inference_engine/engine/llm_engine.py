@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from inference_engine.config import EngineConfig
+from inference_engine.engine.held_samples import HeldSamples
 from inference_engine.engine.kv_cache import BlockManager, KVCachePool, log_capacity
 from inference_engine.engine.loader import load_model
 from inference_engine.engine.model_runner import ModelRunner, StepBatch
@@ -107,6 +108,8 @@ class LLMEngine:
         self.structured = StructuredOutputManager(
             self.tokenizer, self.model.ctx.hf_config.vocab_size, self.eos_token_ids)
         self._groups: dict[str, RequestGroup] = {}
+        # Samples of n > 1 requests beyond what the pool holds at their longest.
+        self.held = HeldSamples(num_blocks, block_size)
         # Child request id -> its output state.
         self._sequences: dict[str, SequenceState] = {}
         self._ids = itertools.count()
@@ -244,13 +247,16 @@ class LLMEngine:
         self._groups[request_id] = group
         for state in group.children:
             self._sequences[state.request.request_id] = state
-            if params.structured_outputs is not None:
-                # Scheduled once its grammar is compiled (off this thread): see step().
-                self.structured.add(state.request.request_id, params.structured_outputs,
-                                    state.request)
-            else:
-                self.scheduler.add(state.request)
+        for state in self.held.admit(group):
+            self._submit(state.request)
         return request_id
+
+    def _submit(self, request: Request) -> None:
+        if request.params.structured_outputs is not None:
+            # Scheduled once its grammar is compiled (off this thread): see step().
+            self.structured.add(request.request_id, request.params.structured_outputs, request)
+        else:
+            self.scheduler.add(request)
 
     def _lora_adapter(self, lora_request: LoRARequest | None) -> Any:
         if lora_request is None:
@@ -291,6 +297,9 @@ class LLMEngine:
             group = self._groups.get(rid)
             if group is None:
                 continue
+            for child in self.held.drop(rid):  # never scheduled
+                child.request.status = RequestStatus.FINISHED
+                child.request.finish_reason = FinishReason.ABORT
             for child in group.children:
                 if self.structured.is_waiting(child.request.request_id):
                     # Never scheduled (its grammar was compiling): it finishes here.
@@ -342,6 +351,8 @@ class LLMEngine:
         """
         outputs, self._pending_outputs = self._pending_outputs, []
         touched: dict[str, RequestGroup] = {}
+        for state in self.held.release():
+            self._submit(state.request)
         self._admit_compiled(touched)
         out = self.scheduler.schedule()
         for request, error in out.failed:  # ended by the scheduler itself
@@ -571,6 +582,7 @@ class LLMEngine:
             "prefix_cache_queried_tokens": self.blocks.stats.queried_tokens,
             "prefix_cache_hit_tokens": self.blocks.stats.hit_tokens,
             "num_preemptions": self.scheduler.num_preemptions,
+            "num_held_samples": self.held.num_held,
             "generated_tokens": self.num_generated_tokens,
             "time": time.time(),
         }
