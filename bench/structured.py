@@ -12,6 +12,8 @@ tokens and 128 output tokens each (ignore_eos), greedy. Three runs of the same w
   compiled while the batch runs; tokens after a schema is complete are free (vLLM's rule).
 
 Compile time: each of 64 random schemas compiled alone, cold (no cache), on this thread.
+Mask cost per step: 64 matchers filling their bitmask rows, the upload and the masking
+of [64, 8192] logits, timed alone (robust where a shared machine makes tok/s noisy).
 
 Run:  OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/structured.py
 """
@@ -72,6 +74,39 @@ def throughput(llm: LLM, prompts: list[list[int]], params: list[SamplingParams])
     return sum(len(o.outputs[0].token_ids) for o in outs) / elapsed
 
 
+def mask_cost_ms(llm: LLM, rows: int, repeats: int = 50) -> float:
+    """Milliseconds per step to fill, upload and apply the bitmask of ``rows`` matchers."""
+    from inference_engine.sampling import Sampler, SamplingBatch
+    from inference_engine.structured_output import StructuredOutputManager
+
+    engine = llm.engine
+    manager = StructuredOutputManager(engine.tokenizer, VOCAB, engine.eos_token_ids)
+    constraint = StructuredOutputsParams(json=LONG_SCHEMA, disable_any_whitespace=True)
+    ids = [f"bench-{i}" for i in range(rows)]
+    for seq_id in ids:
+        manager.add(seq_id, constraint, seq_id)
+    while manager.num_waiting:
+        manager.wait(1.0)
+        manager.take_ready()
+    for seq_id in ids:  # into the schema: '[{"id": '
+        for token in engine.tokenizer.encode('[{"id": ', add_special_tokens=False):
+            manager.accept(seq_id, token)
+    params = [SamplingParams(temperature=0.0)] * rows
+    logits = torch.randn(rows, VOCAB)
+    sampler = Sampler(seed=0)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        batch = SamplingBatch.from_rows(params, [[] for _ in ids], VOCAB,
+                                        token_bitmask=manager.fill_bitmask(ids))
+        sampler.sample_ids(logits, batch)
+    masked = (time.perf_counter() - start) / repeats
+    plain_batch = SamplingBatch.from_rows(params, [[] for _ in ids], VOCAB)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        sampler.sample_ids(logits, plain_batch)
+    return 1e3 * (masked - (time.perf_counter() - start) / repeats)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-requests", type=int, default=64)
@@ -91,7 +126,7 @@ def main() -> None:
         cases = {
             "plain": [SamplingParams(**base)] * n,
             "one schema": [SamplingParams(**base, structured_outputs=StructuredOutputsParams(
-                json=LONG_SCHEMA))] * n,
+                json=LONG_SCHEMA, disable_any_whitespace=True))] * n,
         }
         throughput(llm, prompts[:4], [SamplingParams(**base)] * 4)  # warm-up
         throughput(llm, prompts[:4], cases["one schema"][:4])  # compiles the schema once
@@ -123,6 +158,10 @@ def main() -> None:
         pool.close()
         print(f"compile per random schema (ms): median {statistics.median(times):.1f}, "
               f"max {max(times):.1f}, min {min(times):.1f}; the long schema: {long_ms:.1f}")
+        mask_ms = mask_cost_ms(llm, n)
+        step_ms = 1e3 * n / plain  # a full-batch decode step at the plain throughput
+        print(f"mask cost per step, {n} rows: {mask_ms:.2f} ms (plain step ~{step_ms:.0f} ms, "
+              f"{mask_ms / step_ms:.1%})")
 
 
 if __name__ == "__main__":
