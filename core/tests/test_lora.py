@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from inference_engine import LoRARequest, SamplingParams
 from inference_engine.lora.testing import ALL_TARGETS, make_peft_adapter, peft_reference
 from inference_engine.testing import cpu_llm, make_tiny_model

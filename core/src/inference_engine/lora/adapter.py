@@ -34,7 +34,8 @@ SUPPORTED_TARGETS = frozenset(
     {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
 
 # ``base_model.model.<module>.lora_A[.<adapter name>].weight``
-_KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.[^.]+)?\.weight$")
+_KEY = re.compile(
+    r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.[^.]+)?\.weight$")
 
 
 class LoRAAdapterError(ValueError):

@@ -1,0 +1,132 @@
+"""Bad LoRA adapters fail their own request with a message naming the problem; the
+grouped shrink/expand reference equals the per-token formula."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from inference_engine import LoRARequest, SamplingParams
+from inference_engine.lora.grouped_matmul import TokenGroup, lora_expand, lora_shrink
+from inference_engine.lora.testing import ALL_TARGETS, make_peft_adapter, peft_reference
+from inference_engine.testing import cpu_llm, make_tiny_model
+from inference_engine.testing_parity import assert_greedy_matches, hf_greedy
+from safetensors.torch import load_file, save_file
+
+pytest.importorskip("peft")
+
+PROMPT = [5, 17, 42, 9, 77, 3]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("lora_bad")
+    base = make_tiny_model(root / "base", arch="llama")
+    other = make_tiny_model(root / "other", arch="llama", hidden_size=32, intermediate_size=64,
+                            num_attention_heads=2, num_key_value_heads=1)
+    return {
+        "root": root, "base": base,
+        "good": make_peft_adapter(base, root / "good", seed=1, r=4, lora_alpha=8,
+                                  target_modules=ALL_TARGETS),
+        "rank16": make_peft_adapter(base, root / "rank16", seed=2, r=16, lora_alpha=16,
+                                    target_modules=["q_proj"]),
+        "other_base": make_peft_adapter(other, root / "other_base", seed=3, r=4, lora_alpha=8,
+                                        target_modules=["q_proj", "v_proj"]),
+        "lm_head": make_peft_adapter(base, root / "lm_head", seed=4, r=4, lora_alpha=8,
+                                     target_modules=["q_proj", "lm_head"]),
+    }
+
+
+@pytest.fixture(scope="module")
+def llm(setup):
+    return cpu_llm(setup["base"], enable_lora=True, max_loras=2, max_lora_rank=8)
+
+
+def without_tensors(setup: dict[str, Path], name: str, fragments: list[str]) -> Path:
+    """A copy of the good adapter without the tensors whose names contain a fragment."""
+    out = setup["root"] / name
+    if not out.exists():
+        shutil.copytree(setup["good"], out)
+        tensors = load_file(out / "adapter_model.safetensors")
+        save_file({k: v for k, v in tensors.items() if not any(f in k for f in fragments)},
+                  out / "adapter_model.safetensors")
+    return out
+
+
+def with_config(setup: dict[str, Path], name: str, **changes: object) -> Path:
+    out = setup["root"] / name
+    if not out.exists():
+        shutil.copytree(setup["good"], out)
+        config = json.loads((out / "adapter_config.json").read_text())
+        config.update(changes)
+        (out / "adapter_config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.mark.parametrize("case, pattern", [
+    ("rank16", r"rank 16 is above max_lora_rank \(8\)"),
+    ("other_base", r"q_proj has lora_A \(4, 32\).*expects \(4, 64\)"),
+    ("lm_head", r"unknown target modules \['lm_head'\]"),
+    ("missing_B", r"missing tensor .*lora_B\.weight"),
+    ("missing_layer", r"missing tensors for 2 targeted modules"),
+    ("dora", r"DoRA is not supported"),
+    ("not_a_dir", r"is not a directory"),
+])
+def test_bad_adapter_is_a_clear_error(llm, setup, case: str, pattern: str) -> None:
+    paths = {
+        "missing_B": lambda: without_tensors(setup, "missing_B",
+                                             [".layers.0.self_attn.k_proj.lora_B."]),
+        # Both halves of two targeted modules gone.
+        "missing_layer": lambda: without_tensors(
+            setup, "missing_layer", [".layers.1.self_attn.o_proj.", ".layers.0.mlp.up_proj."]),
+        "dora": lambda: with_config(setup, "dora", use_dora=True),
+        "not_a_dir": lambda: setup["root"] / "nowhere",
+    }
+    path = paths[case]() if case in paths else setup[case]
+    with pytest.raises(ValueError, match=pattern):
+        llm.generate([PROMPT], lora_request=LoRARequest(case, 50, str(path)))
+
+
+def test_bad_adapter_does_not_disturb_running_requests(llm, setup) -> None:
+    """A request with a good adapter is running when one with a bad adapter arrives: the bad
+    one is refused at once, the good one finishes as peft says it should."""
+    engine = llm.engine
+    good = LoRARequest("good", 1, str(setup["good"]))
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    engine.add_request({"prompt_token_ids": PROMPT}, params, request_id="good", lora_request=good)
+    engine.step()
+    with pytest.raises(ValueError, match="rank 16"):
+        engine.add_request({"prompt_token_ids": PROMPT}, params, request_id="bad",
+                           lora_request=LoRARequest("rank16", 2, str(setup["rank16"])))
+    finished = []
+    while engine.has_unfinished_requests():
+        finished += [o for o in engine.step() if o.finished]
+    assert [o.request_id for o in finished] == ["good"]
+    reference = peft_reference(setup["base"], setup["good"])
+    ref = hf_greedy(reference, [PROMPT], 10)[0]
+    assert_greedy_matches(reference, PROMPT, finished[0].outputs[0].token_ids, ref)
+
+
+def test_grouped_shrink_expand_equals_per_token_formula() -> None:
+    """Tokens grouped by slot (some with none) get ``x A_s^T B_s^T`` of their own slot."""
+    torch.manual_seed(0)
+    slots, rank, k, n, tokens = 3, 4, 24, 40, 11
+    a = torch.randn(slots, rank, k, dtype=torch.float64)
+    b = torch.randn(slots, n, rank, dtype=torch.float64)
+    x = torch.randn(tokens, k, dtype=torch.float64)
+    base = torch.randn(tokens, n, dtype=torch.float64)
+    slot_of = [2, 2, -1, 0, 0, 0, -1, 2, 1, 1, 0]
+    groups = [TokenGroup(s, torch.tensor([t for t, v in enumerate(slot_of) if v == s]))
+              for s in range(slots)]
+    out = lora_expand(lora_shrink(x, a, groups), b, groups, base.clone())
+    expected = base.clone()
+    for t, s in enumerate(slot_of):
+        if s >= 0:
+            expected[t] += b[s] @ (a[s] @ x[t])
+    torch.testing.assert_close(out, expected)
+    whole = lora_expand(lora_shrink(x, a, [TokenGroup(1, None)]), b, [TokenGroup(1, None)],
+                        base.clone())
+    torch.testing.assert_close(whole, base + x @ a[1].t() @ b[1].t())
