@@ -142,3 +142,15 @@ def test_token_ids_outside_the_vocabulary_are_refused_by_name(llm):
         llm.generate(["a"], SamplingParams(logit_bias={10**6: 1}))
     with pytest.raises(ValueError, match="spaces_between_special_tokens"):
         SamplingParams(spaces_between_special_tokens=False)
+
+
+def test_detokenize_false_gives_the_same_tokens_and_no_text(llm):
+    prompts = ["The quick brown fox", "hello"]
+    params = dict(temperature=0.8, seed=4, max_tokens=12, n=2)
+    with_text = llm.generate(prompts, SamplingParams(**params))
+    ids_only = llm.generate(prompts, SamplingParams(**params, detokenize=False))
+    for a, b in zip(with_text, ids_only, strict=True):
+        assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
+        assert all(c.text for c in a.outputs) and all(c.text == "" for c in b.outputs)
+    with pytest.raises(ValueError, match="detokenize"):
+        SamplingParams(detokenize=False, stop=["x"])

@@ -21,6 +21,7 @@ from typing import Any
 
 __all__ = [
     "IncrementalDetokenizer",
+    "NoTextDetokenizer",
     "StopChecker",
     "StopMatch",
     "find_stop",
@@ -131,6 +132,24 @@ def _skipped_special_ids(tokenizer: Any) -> frozenset[int]:
     except TypeError:
         pass
     return skipped
+
+
+class NoTextDetokenizer:
+    """What a request with ``detokenize=False`` gets instead of an
+    :class:`IncrementalDetokenizer`: it counts tokens and never decodes (text stays "")."""
+
+    text = ""
+    num_pending_tokens = 0
+
+    def __init__(self) -> None:
+        self.num_output_tokens = 0
+
+    def add_tokens(self, token_ids: Sequence[int]) -> str:
+        self.num_output_tokens += len(token_ids)
+        return ""
+
+    def flush(self) -> str:
+        return ""
 
 
 # ---- stop strings ---------------------------------------------------------------

@@ -70,6 +70,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     # Only False is refused: fast tokenizers always join special tokens without spaces.
     spaces_between_special_tokens: bool = True
+    # False: token ids only, no text (nothing is decoded; stop strings need text).
+    detokenize: bool = True
     # Constrain the output to a JSON schema, any JSON, a regex, a choice or an EBNF grammar.
     structured_outputs: StructuredOutputsParams | None = None
     # {token id: bias} added to the logits (OpenAI's range: -100 bans, 100 forces).
@@ -143,6 +145,8 @@ class SamplingParams:
              or self.truncate_prompt_tokens == -1,
              f"truncate_prompt_tokens must be at least 1 or -1, got "
              f"{self.truncate_prompt_tokens}"),
+            (self.detokenize or self.stop is None,
+             "detokenize must be true when stop strings are given (they are matched on text)"),
             (self.spaces_between_special_tokens is True,
              "spaces_between_special_tokens must be true: false is not supported (fast "
              "tokenizers join special tokens without spaces)"),

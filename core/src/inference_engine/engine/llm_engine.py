@@ -283,8 +283,10 @@ class LLMEngine:
         return [] if self.lora is None else self.lora.loaded()
 
     def _detokenizer(self, prompt_token_ids: list[int], params: SamplingParams) -> Any:
-        from inference_engine.detokenizer import IncrementalDetokenizer
+        from inference_engine.detokenizer import IncrementalDetokenizer, NoTextDetokenizer
 
+        if not params.detokenize:
+            return NoTextDetokenizer()
         return IncrementalDetokenizer(
             self.tokenizer, prompt_token_ids, skip_special_tokens=params.skip_special_tokens
         )
