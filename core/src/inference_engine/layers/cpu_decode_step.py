@@ -23,6 +23,7 @@ the layer loop.
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 import torch
@@ -107,8 +108,7 @@ def decode_step_blocker(model: torch.nn.Module) -> str | None:
         cache = attn.attn.kv_cache
         if cache is None or cache[0].dtype not in KERNEL_CACHE_DTYPES or cache[0].shape[1] > 16:
             return f"{where}: no float32/bfloat16 KV cache in blocks of at most 16 bound"
-        mlp = layer._modules[layer.mlp_name]
-        for proj in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+        for proj in _projections(layer):
             if proj.lora is not None:
                 return f"{where}: {proj.prefix} has LoRA adapters (added in Python each step)"
             spec = linear_spec(proj)
@@ -184,5 +184,16 @@ def build_decode_step(model: torch.nn.Module) -> CpuDecodeStep | None:
             linear_spec(mlp.gate_up_proj), bias(mlp.gate_up_proj),
             linear_spec(mlp.down_proj), bias(mlp.down_proj),
             k_cache, v_cache, float(backend.scale), int(backend.sliding_window or 0))
-    logger.debug("decode steps of up to %d sequences run as one C++ call", gemv_max_rows())
-    return CpuDecodeStep(step, gemv_max_rows())
+    # The packed bf16 GEMV serves up to gemv_max_rows() rows (larger batches multiply
+    # otherwise, with other roundings); provided products take any batch.
+    gemv = any(isinstance(linear_spec(proj), torch.Tensor) for layer in model.layers
+               for proj in _projections(layer))
+    max_rows = gemv_max_rows() if gemv else sys.maxsize
+    logger.debug("decode steps of up to %s sequences run as one C++ call",
+                 max_rows if gemv else "any number of")
+    return CpuDecodeStep(step, max_rows)
+
+
+def _projections(layer: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
+    attn, mlp = layer.self_attn, layer._modules[layer.mlp_name]
+    return attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj
