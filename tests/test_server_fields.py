@@ -508,7 +508,7 @@ def test_tool_fields(tool_server):
 # ---- structured outputs with the official client: random schemas ------------------------
 def test_random_schemas_through_the_openai_client(client):
     rng = random.Random(7)
-    schemas = [random_schema(rng) for _ in range(10)]
+    schemas = [random_schema(rng) for _ in range(24)]
     stopped = 0
     for i, schema in enumerate(schemas):
         kwargs = dict(model=NAME, messages=MESSAGES, temperature=1.0, seed=i, max_tokens=300,
