@@ -20,9 +20,9 @@ from inference_engine.structured_output import StructuredOutputsParams
 __all__ = ["extra_sampling_kwargs", "structured_outputs_of", "tool_call_constraint",
            "truncate_prompt_ids"]
 
-# vLLM's guided_* field -> StructuredOutputsParams field.
-_GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
-           "guided_grammar": "grammar", "structural_tag": "structural_tag"}
+# vLLM's top-level constraint fields -> StructuredOutputsParams field.
+_VLLM_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
+                "guided_grammar": "grammar", "structural_tag": "structural_tag"}
 # The structured_outputs keys this server implements.
 _STRUCTURED_KEYS = frozenset({"json", "json_object", "regex", "choice", "grammar",
                               "structural_tag", "disable_any_whitespace"})
@@ -53,7 +53,7 @@ def structured_outputs_of(body: Any) -> StructuredOutputsParams | None:
                            f"{', '.join(sorted(_STRUCTURED_KEYS))})", param="structured_outputs")
         found.append(("structured_outputs",
                       {k: v for k, v in structured.items() if v is not None}))
-    for field, key in _GUIDED.items():
+    for field, key in _VLLM_FIELDS.items():
         value = getattr(body, field, None)
         if value is not None:
             found.append((field, {key: value}))
