@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import schemathesis
-
 from inference_engine.testing import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]

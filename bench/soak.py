@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-
 from inference_engine.testing import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]

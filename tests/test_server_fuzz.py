@@ -14,7 +14,6 @@ import schemathesis
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
-
 from inference_engine.testing import TEST_PLATFORM, ServerProcess
 
 KEY = "fuzz-key"

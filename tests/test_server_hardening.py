@@ -11,7 +11,6 @@ import time
 
 import httpx
 import pytest
-
 from inference_engine.testing import TEST_PLATFORM, ServerProcess
 
 KEY = "hardening-key"
@@ -284,11 +283,10 @@ def test_async_llm_coalesces_unread_outputs(tiny_model_dirs):
 
 # ---- 1: an unexpected exception is a well-formed 500 inside CORS ------------------
 def test_unhandled_errors_become_openai_500s_with_cors_headers():
+    from inference_engine.entrypoints.openai.errors import InternalErrorMiddleware
     from starlette.applications import Starlette
     from starlette.middleware.cors import CORSMiddleware
     from starlette.routing import Route
-
-    from inference_engine.entrypoints.openai.errors import InternalErrorMiddleware
 
     async def broken(request):
         raise KeyError("internal detail")

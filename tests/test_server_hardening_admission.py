@@ -5,7 +5,6 @@ itself nor holds up a request that arrives after it."""
 from __future__ import annotations
 
 import pytest
-
 from inference_engine import SamplingParams
 from inference_engine.config import EngineConfig
 from inference_engine.engine.llm_engine import LLMEngine

@@ -9,7 +9,6 @@ import time
 
 import httpx
 import pytest
-
 from inference_engine.testing import TEST_PLATFORM, ServerProcess
 
 
