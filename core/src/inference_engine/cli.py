@@ -9,8 +9,13 @@ import typer
 
 from inference_engine.cli_options import (
     AsyncSchedulingOption,
+    EnableLoRAOption,
     EnforceEagerOption,
     GpuMemoryUtilizationOption,
+    LoRAModulesOption,
+    MaxCpuLoRAsOption,
+    MaxLoRARankOption,
+    MaxLoRAsOption,
 )
 from inference_engine.cli_values import parse_key_values
 
@@ -265,6 +270,11 @@ def serve(
         help="Comma-separated device indices to use (CUDA_VISIBLE_DEVICES is not touched).")] = None,
     platform: Annotated[Optional[str], typer.Option(help="Force a platform by name.")] = None,
     seed: Annotated[int, typer.Option(help="Base seed for unseeded requests.")] = 0,
+    enable_lora: EnableLoRAOption = False,
+    lora_modules: LoRAModulesOption = None,
+    max_loras: MaxLoRAsOption = 1,
+    max_lora_rank: MaxLoRARankOption = 16,
+    max_cpu_loras: MaxCpuLoRAsOption = None,
     shutdown_timeout: Annotated[float, typer.Option(
         min=0.0, help="Seconds in-flight requests get after SIGINT/SIGTERM before they are "
              "aborted (0: abort at once).")] = 30.0,
@@ -291,6 +301,7 @@ def serve(
             reasoning_parser=reasoning_parser, enable_auto_tool_choice=enable_auto_tool_choice,
             tool_call_streaming=tool_call_streaming, shutdown_timeout=shutdown_timeout,
             log_level=log_level.lower(),
+            lora_modules=parse_key_values(lora_modules, "--lora-modules"),
         )
         engine_config = EngineConfig.from_kwargs(
             model, dtype=dtype, max_model_len=max_model_len, block_size=block_size,
@@ -301,7 +312,9 @@ def serve(
             enable_prefix_caching=enable_prefix_caching, attention_backend=attention_backend,
             kv_cache_dtype=kv_cache_dtype, device_ids=device_ids, platform=platform, seed=seed,
             quantization=quantization, dequantize_at_load=dequantize_at_load,
-            quant_options=parse_key_values(quant_option, "--quant-option"))
+            quant_options=parse_key_values(quant_option, "--quant-option"),
+            enable_lora=enable_lora, max_loras=max_loras, max_lora_rank=max_lora_rank,
+            max_cpu_loras=max_cpu_loras)
         run_server(engine_config, server_config)
     except (ValueError, UnknownNameError, OSError, TypeError) as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -6,7 +6,9 @@ from typing import Annotated, Optional
 
 import typer
 
-__all__ = ["AsyncSchedulingOption", "EnforceEagerOption", "GpuMemoryUtilizationOption"]
+__all__ = ["AsyncSchedulingOption", "EnableLoRAOption", "EnforceEagerOption",
+           "GpuMemoryUtilizationOption", "LoRAModulesOption", "MaxCpuLoRAsOption",
+           "MaxLoRARankOption", "MaxLoRAsOption"]
 
 GpuMemoryUtilizationOption = Annotated[float, typer.Option(
     min=0.0, max=1.0, help="Fraction of GPU memory the engine may use; the KV cache gets "
@@ -16,3 +18,13 @@ EnforceEagerOption = Annotated[bool, typer.Option(
 AsyncSchedulingOption = Annotated[Optional[bool], typer.Option(  # noqa: UP045 - typer needs Optional
     help="Launch each step before the previous one's tokens are read back; default: on for "
          "GPUs, off on CPU.")]
+EnableLoRAOption = Annotated[bool, typer.Option(
+    help="Serve LoRA adapters (PEFT format) beside the base model.")]
+LoRAModulesOption = Annotated[Optional[list[str]], typer.Option(  # noqa: UP045
+    help="NAME=PATH of a LoRA adapter served as model NAME; repeat for more "
+         "(needs --enable-lora).")]
+MaxLoRAsOption = Annotated[int, typer.Option(
+    min=1, help="LoRA adapters on the device at once (one step runs at most this many).")]
+MaxLoRARankOption = Annotated[int, typer.Option(min=1, help="The largest LoRA rank accepted.")]
+MaxCpuLoRAsOption = Annotated[Optional[int], typer.Option(  # noqa: UP045
+    min=1, help="LoRA adapters kept in host memory; default: --max-loras.")]

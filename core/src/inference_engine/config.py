@@ -78,6 +78,8 @@ class ServerConfig:
     port: int = 8000
     # Names the API accepts in ``model``; the first is reported. Default: the model path.
     served_model_names: list[str] = field(default_factory=list)
+    # LoRA adapters served as model names (``--lora-modules name=path``): name -> path.
+    lora_modules: dict[str, str] = field(default_factory=dict)
     # Accepted bearer keys; non-empty turns auth on.
     api_keys: list[str] = field(default_factory=list)
     enable_auth: bool = False

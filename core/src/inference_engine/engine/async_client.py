@@ -18,6 +18,7 @@ from typing import Any
 
 from inference_engine.config import EngineConfig
 from inference_engine.engine.llm_engine import LLMEngine, PromptInput
+from inference_engine.lora.request import LoRARequest
 from inference_engine.outputs import RequestOutput
 from inference_engine.sampling_params import SamplingParams
 
@@ -166,6 +167,7 @@ class AsyncLLM:
         prompt: PromptInput,
         sampling_params: SamplingParams | None = None,
         request_id: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Queue a request now; return the iterator of its outputs.
 
@@ -180,7 +182,8 @@ class AsyncLLM:
         def add() -> str:
             if rid in self._streams:
                 raise ValueError(f"request id {rid!r} is already in use")
-            self.engine.add_request(prompt, sampling_params, request_id=rid)
+            self.engine.add_request(prompt, sampling_params, request_id=rid,
+                                    lora_request=lora_request)
             self._streams[rid] = stream
             return rid
 
@@ -207,6 +210,7 @@ class AsyncLLM:
         prompt: PromptInput,
         sampling_params: SamplingParams | None = None,
         request_id: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield the request's latest output whenever it changed; the last is finished.
 
@@ -214,7 +218,7 @@ class AsyncLLM:
 
         Leaving the iteration early (a client that went away) aborts the request.
         """
-        outputs = await self.add_request(prompt, sampling_params, request_id)
+        outputs = await self.add_request(prompt, sampling_params, request_id, lora_request)
         async for output in outputs:
             yield output
 
@@ -248,6 +252,13 @@ class AsyncLLM:
 
     async def is_paused(self) -> bool:
         return self.engine.is_paused
+
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Read and check an adapter on the engine thread (``ValueError`` names a problem)."""
+        return await self._call(lambda: self.engine.add_lora(lora_request))
+
+    async def remove_lora(self, lora_int_id: int) -> bool:
+        return await self._call(lambda: self.engine.remove_lora(lora_int_id))
 
     async def stats(self) -> dict[str, float]:
         return await self._call(self.engine.stats)

@@ -39,6 +39,7 @@ from inference_engine.entrypoints.openai.protocol import (
 )
 from inference_engine.entrypoints.openai.security import APIKeyMiddleware
 from inference_engine.entrypoints.openai.serving import ModelServing
+from inference_engine.lora.serving import ServedLoRAs, add_lora_routes
 
 __all__ = ["build_app", "make_parser_factory"]
 
@@ -135,6 +136,8 @@ def build_app(engine: AsyncLLM, config: ServerConfig, parsers: Any = None,
     names = config.served_model_names or [engine.engine.config.model.model]
     metrics = ServerMetrics(names[0])
     serving = ModelServing(engine, names, metrics, parsers, config.enable_auto_tool_choice)
+    serving.loras = ServedLoRAs(engine, names)
+    serving.loras.add_at_startup(config.lora_modules)
     limit = serving.max_body_bytes
 
     @contextlib.asynccontextmanager
@@ -170,6 +173,7 @@ def build_app(engine: AsyncLLM, config: ServerConfig, parsers: Any = None,
         data = [{"id": name, "object": "model", "created": serving.created,
                  "owned_by": "inference-engine", "root": serving.model_root, "parent": None,
                  "max_model_len": serving.max_model_len} for name in names]
+        data += serving.loras.model_cards(serving.created, serving.max_model_len)
         return JSONResponse({"object": "list", "data": data})
 
     @app.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
@@ -259,6 +263,8 @@ def build_app(engine: AsyncLLM, config: ServerConfig, parsers: Any = None,
         stats = await engine.stats() if engine.is_running else {}
         return Response(metrics.render(stats),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    add_lora_routes(app, serving.loras)
 
     # Added first so it is innermost: its 500s pass through auth and CORS like any answer.
     app.add_middleware(InternalErrorMiddleware)

@@ -105,7 +105,7 @@ async def create_chat_completion(serving: ModelServing, body: ChatCompletionRequ
     """Validate, render the template, queue, then stream SSE or return the whole message."""
     arrival = time.perf_counter()
     body.check()
-    serving.check_model(body.model)
+    lora = serving.check_model(body.model)
     messages = body.template_messages()
     tool_choice = _tool_choice(serving, body)
     prompt_ids = await render_chat(serving, messages, body.tools, body.add_generation_prompt,
@@ -137,7 +137,8 @@ async def create_chat_completion(serving: ModelServing, body: ChatCompletionRequ
     run = _Chat(serving, body, request_id, tool_choice, len(prompt_ids))
     # Parsers are made before the request is queued so a bad setting fails as a 400.
     pipelines = [run.pipeline(whole=not body.stream) for _ in range(body.n)]
-    streams = await serving.start([EngineRequest(request_id, None, prompt_ids, params)])
+    streams = await serving.start([EngineRequest(request_id, None, prompt_ids, params,
+                                                        lora)])
     items = timed(serving, streams, [len(prompt_ids)], arrival)
     if body.stream:
         return EngineStreamingResponse(run.events(items, pipelines), run.release,

@@ -52,7 +52,7 @@ async def create_completion(serving: ModelServing, body: CompletionRequest,
     """Validate, queue every prompt, then stream SSE or return the whole response."""
     arrival = time.perf_counter()
     body.check()
-    serving.check_model(body.model)
+    lora = serving.check_model(body.model)
     prompts = body.prompts()
     request_id = serving.new_request_id("cmpl", body.request_id)
     requests = []
@@ -69,7 +69,7 @@ async def create_completion(serving: ModelServing, body: CompletionRequest,
         params = serving.sampling_params(body, len(ids), body.max_tokens, body.logprobs,
                                          prompt_logprobs=body.prompt_logprobs, **extra)
         engine_id = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-        requests.append(EngineRequest(engine_id, text, ids, params))
+        requests.append(EngineRequest(engine_id, text, ids, params, lora))
     streams = await serving.start(requests)
     run = _Completion(serving, body, request_id, requests)
     stream_items = timed(serving, streams, [len(r.prompt_token_ids) for r in requests], arrival)

@@ -20,6 +20,8 @@ from inference_engine.engine.async_client import AsyncLLM, EngineDeadError
 from inference_engine.entrypoints.openai.errors import APIError
 from inference_engine.entrypoints.openai.metrics import RequestTimer, ServerMetrics
 from inference_engine.entrypoints.openai.protocol import SamplingFields
+from inference_engine.lora.request import LoRARequest
+from inference_engine.lora.serving import ServedLoRAs
 from inference_engine.outputs import CompletionOutput, RequestOutput
 from inference_engine.sampling_params import SamplingParams
 
@@ -96,6 +98,8 @@ class EngineRequest:
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
+    # The adapter the request's ``model`` names; None: the base model.
+    lora_request: LoRARequest | None = None
 
 
 class ModelServing:
@@ -114,6 +118,8 @@ class ModelServing:
         self.metrics = metrics
         self.parsers = parsers
         self.enable_auto_tool_choice = enable_auto_tool_choice
+        # The LoRA adapters served as model names (set by the app; None: LoRA off).
+        self.loras: ServedLoRAs | None = None
         self.created = int(time.time())
         # Text longer than this cannot fit the context: refused before tokenizing.
         self.max_prompt_chars = (self.max_model_len * longest_token_chars(self.tokenizer)
@@ -137,11 +143,18 @@ class ModelServing:
     def model_name(self) -> str:
         return self.model_names[0]
 
-    def check_model(self, name: str | None) -> None:
+    def check_model(self, name: str | None) -> LoRARequest | None:
+        """The LoRA adapter ``name`` selects (None: the base model); 404 for a name not
+        served."""
+        lora = self.loras.lookup(name) if self.loras is not None else None
+        if lora is not None:
+            return lora
         if name is not None and name not in self.model_names:
+            served = self.model_names + (list(self.loras.adapters) if self.loras else [])
             raise APIError(f"the model {name!r} does not exist; this server serves "
-                           f"{', '.join(repr(n) for n in self.model_names)}", status=404,
+                           f"{', '.join(repr(n) for n in served)}", status=404,
                            param="model")
+        return None
 
     def new_request_id(self, prefix: str, given: str | None) -> str:
         """The client's ``request_id`` (checked: it is echoed in ``X-Request-Id``) or a new one."""
@@ -241,7 +254,7 @@ class ModelServing:
             for r in requests:
                 streams.append(await self.engine.add_request(
                     {"prompt": r.prompt, "prompt_token_ids": r.prompt_token_ids}, r.params,
-                    request_id=r.engine_id))
+                    request_id=r.engine_id, lora_request=r.lora_request))
         except BaseException as exc:
             if streams:
                 with contextlib.suppress(Exception):
