@@ -31,4 +31,9 @@ def ie_register_models() -> list[Spec]:
              "DeepSeek-V3.2 (DSA: lightning indexer, top-k sparse MLA)"),
         Spec("GlmMoeDsaForCausalLM", f"{base}.glm_moe_dsa:GlmMoeDsaForCausalLM",
              "GLM-5 (DSA sparse MLA, indexer shared across layers)"),
+        Spec("MiniMaxM3VLForCausalLM", f"{base}.minimax_m3:MiniMaxM3VLForCausalLM",
+             "MiniMax-M3 text (MSA block-sparse GQA layers, SwiGLU-OAI sigmoid-routed MoE)"),
+        Spec("MiniMaxM3SparseForConditionalGeneration",
+             f"{base}.minimax_m3:MiniMaxM3SparseForConditionalGeneration",
+             "MiniMax-M3 VL checkpoint, text-only (vision tower skipped)"),
     ]
