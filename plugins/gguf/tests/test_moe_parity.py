@@ -17,11 +17,11 @@ import torch
 import transformers
 from gguf.constants import GGMLQuantizationType as T
 from inference_engine import LLM, SamplingParams
+from inference_engine.layers.moe.activation import gated_activation
 from inference_engine.testing import cpu_llm
 from inference_engine.testing_parity import assert_greedy_matches, hf_greedy
-from inference_engine_gguf.export import DEEPSEEK2_BEFORE_KV_B_SPLIT, export_to_gguf
-from inference_engine.layers.moe.activation import gated_activation
 from inference_engine_gguf import q8k_kernels
+from inference_engine_gguf.export import DEEPSEEK2_BEFORE_KV_B_SPLIT, export_to_gguf
 from inference_engine_gguf.gguf_file import GGUFFile
 from inference_engine_gguf.moe_method import GGMLFusedMoEMethod, expert_linear
 from inference_engine_gguf.testing import block32_matmul_reference, q8k_matmul_reference

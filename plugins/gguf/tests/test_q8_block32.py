@@ -21,6 +21,7 @@ from inference_engine_gguf.quant_method import tiled_linear
 from inference_engine_gguf.testing import (
     block32_matmul_reference,
     block32_quants_numpy,
+    iq4_xs_matmul_reference,
     quantize_q8_0_numpy,
     quantize_q8_1_numpy,
     random_ggml_rows,
@@ -181,3 +182,36 @@ def test_scalar_build_matches_reference(scalar_kernel):
         scalar_kernel.q8k_parts_into(x, [raw], [int(qtype)], [False], out)
         ref, bound = block32_matmul_reference(x, raw, qtype)
         assert_close(out, ref, bound)
+    raw = rows_of(T.IQ4_XS, 13, 1, seed=2)
+    out = torch.empty(3, 13)
+    scalar_kernel.q8k_parts_into(x, [raw], [int(T.IQ4_XS)], [False], out)
+    ref, bound = iq4_xs_matmul_reference(x, raw)
+    assert_close(out, ref, bound)
+
+
+@requires_kernel
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_iq4_xs_rows_match_reference(m):
+    """IQ4_XS against Q8_K activations (ggml_vec_dot_iq4_xs_q8_K), beside a Q4_K part."""
+    raw = rows_of(T.IQ4_XS, rows=21, blocks_per_row=2, seed=m)
+    x = activations(m, 512, seed=m + 3)
+    ref, bound = iq4_xs_matmul_reference(x, raw)
+    assert_close(q8k_kernels.q8_linear(x, raw, T.IQ4_XS), ref, bound)
+    q4k = rows_of(T.Q4_K, rows=8, blocks_per_row=2, seed=m)
+    parts = q8k_kernels.Q8Parts([raw, q4k], [int(T.IQ4_XS), int(T.Q4_K)], [False, False])
+    out = torch.full((m, 29), float("nan"))
+    q8k_kernels.q8k_parts_linear(x, parts, out)
+    assert_close(out[:, :21], ref, bound)
+    assert torch.equal(out[:, 21:], q8k_kernels.q8k_linear(x, q4k, T.Q4_K))
+
+
+def test_iq4_xs_reference_reads_blocks_as_gguf():
+    """The reference's reading of IQ4_XS blocks gives gguf's values: Q8_K activations of one
+    nonzero value pick out single weights, d_w * ls * q exactly."""
+    raw = rows_of(T.IQ4_XS, rows=3, blocks_per_row=1, seed=5)
+    dense = quants.dequantize(raw.numpy(), T.IQ4_XS).astype(np.float64)
+    for j in (0, 17, 40, 255):
+        x = torch.zeros(1, 256)
+        x[0, j] = 1.0  # Q8_K: d = -1/127, quant -127: exactly -1 * -1
+        ref, _ = iq4_xs_matmul_reference(x, raw)
+        assert np.allclose(ref[0].numpy(), dense[:, j], rtol=1e-6, atol=0)

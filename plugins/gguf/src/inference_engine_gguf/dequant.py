@@ -217,10 +217,24 @@ def _iq4_nl(b: torch.Tensor) -> torch.Tensor:
     return table[qs.long()].reshape(n, 32).float().mul_(d)
 
 
+def _iq4_xs(b: torch.Tensor) -> torch.Tensor:
+    n = b.shape[0]
+    d = _f16(b[:, :2])  # [n, 1]
+    high = b[:, 2:4].contiguous().view(torch.int16).to(torch.int32) & 0xFFFF  # [n, 1]
+    low = _shifted(b[:, 4:8].reshape(n, 4, 1), [0, 4], (1, 1, 2)).reshape(n, 8) & 0x0F
+    shifts = _const("iq4_xs_high", [2 * i for i in range(8)], torch.int32, (1, 8), b.device)
+    scales = (low.to(torch.int32) | (((high >> shifts) & 3) << 4)) - 32
+    dl = (d * scales.float()).reshape(n, 8, 1)
+    qs = _shifted(b[:, 8:].reshape(n, 8, 1, 16), [0, 4], (1, 1, 2, 1)) & 0x0F
+    table = _const("iq4_nl", _IQ4_NL_VALUES, torch.int8, (16,), b.device)
+    q = table[qs.long()].reshape(n, 8, 32).float()
+    return (dl * q).reshape(n, QK_K)
+
+
 _BLOCK_FNS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Tensor]] = {
     T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1, T.Q8_0: _q8_0,
     T.Q2_K: _q2_k, T.Q3_K: _q3_k, T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k,
-    T.IQ4_NL: _iq4_nl,
+    T.IQ4_NL: _iq4_nl, T.IQ4_XS: _iq4_xs,
 }
 if hasattr(T, "MXFP4"):
     _BLOCK_FNS[T.MXFP4] = _mxfp4

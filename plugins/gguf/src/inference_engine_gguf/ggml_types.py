@@ -25,7 +25,7 @@ FLOAT_TYPES: frozenset[GGMLQuantizationType] = frozenset({T.F32, T.F16, T.BF16})
 # Every type :mod:`inference_engine_gguf.dequant` handles, in the order docs list them.
 SUPPORTED_TYPES: tuple[GGMLQuantizationType, ...] = (
     T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1,
-    T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL,
+    T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS,
     *((T.MXFP4,) if hasattr(T, "MXFP4") else ()),
 )
 

@@ -19,7 +19,8 @@ dequantize-and-FMA:
 
 The 32-value block types take llama.cpp's other activation roundings (:func:`activation_rounding`):
 Q8_0 for Q8_0, Q4_0, Q5_0, IQ4_NL and MXFP4, Q8_1 (with each block's ``s = fp16(d * sum)``, which
-the weight's min multiplies) for Q4_1 and Q5_1. Q8_0 and Q4_0 rows in 16s are packed into
+the weight's min multiplies) for Q4_1 and Q5_1; IQ4_XS takes Q8_K, its 32-value sub-blocks
+scaled by integers inside each 256-value block. Q8_0 and Q4_0 rows in 16s are packed into
 tiles too; the rest are unpacked per call (``csrc/q8_block32.h``): one integer dot product
 per 32 values, times ``d_w * d_a``, plus ``m_w * s_a`` where the weight has a min.
 
@@ -45,7 +46,8 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from inference_engine_gguf.cpu_kernels import CSRC_DIR, load_ggml_extension
 from inference_engine_gguf.dequant import dequantize
 
-__all__ = ["PACKED_TYPES", "Q80_TYPES", "Q81_TYPES", "Q8K_TYPES", "Q8_TYPES", "TILE_ROWS",
+__all__ = ["PACKED_TYPES", "Q80_TYPES", "Q81_TYPES", "Q8K_IQ_TYPES", "Q8K_TYPES", "Q8_TYPES",
+           "TILE_ROWS",
            "Q8Parts", "activation_rounding", "kernel", "pack_tiles", "packing_available",
            "q8_linear", "q8k_linear", "q8k_linear_reference", "q8k_parts_linear", "quantize_q8_k",
            "unpack_tiles"]
@@ -59,8 +61,11 @@ Q80_TYPES: frozenset[GGMLQuantizationType] = frozenset(
     {T.Q8_0, T.Q4_0, T.Q5_0, T.IQ4_NL, *((T.MXFP4,) if hasattr(T, "MXFP4") else ())})
 # ... and by Q8_1 activations (Q8_0 plus each block's fp16 ``d * sum``, for the weight's min).
 Q81_TYPES: frozenset[GGMLQuantizationType] = frozenset({T.Q4_1, T.Q5_1})
+# IQ types llama.cpp multiplies by Q8_K activations that the kernel has (unpacked per call:
+# 32-value sub-blocks with integer scales, csrc/q8_block32.h).
+Q8K_IQ_TYPES: frozenset[GGMLQuantizationType] = frozenset({T.IQ4_XS})
 # Every type the kernel multiplies by 8-bit activations.
-Q8_TYPES: frozenset[GGMLQuantizationType] = Q8K_TYPES | Q80_TYPES | Q81_TYPES
+Q8_TYPES: frozenset[GGMLQuantizationType] = Q8K_TYPES | Q8K_IQ_TYPES | Q80_TYPES | Q81_TYPES
 QK_K = 256
 # Weight values one float64 tile of the reference path may hold (32 MiB).
 REFERENCE_TILE_VALUES = 1 << 22
@@ -78,7 +83,7 @@ def activation_rounding(qtype: GGMLQuantizationType) -> str | None:
     """``"Q8_K"``, ``"Q8_0"`` or ``"Q8_1"``: how llama.cpp rounds the activations a weight of
     this type multiplies on CPU; None for the float types (F16 / BF16 round the activations
     to their own type: :func:`inference_engine_gguf.quant_method.tiled_linear` does that)."""
-    if qtype in Q8K_TYPES:
+    if qtype in Q8K_TYPES or qtype in Q8K_IQ_TYPES:
         return "Q8_K"
     if qtype in Q80_TYPES:
         return "Q8_0"
@@ -169,8 +174,8 @@ def q8_linear(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType) -
 @dataclass(frozen=True, slots=True)
 class Q8Parts:
     """A layer's parts, ready for :func:`q8k_parts_linear` (built once at load), all of one
-    :func:`activation_rounding`: K-quants against Q8_K activations, Q8_0 / Q4_0 / Q5_0 /
-    IQ4_NL / MXFP4 against Q8_0 ones, Q4_1 / Q5_1 against Q8_1 ones."""
+    :func:`activation_rounding`: K-quants and IQ4_XS against Q8_K activations, Q8_0 / Q4_0 /
+    Q5_0 / IQ4_NL / MXFP4 against Q8_0 ones, Q4_1 / Q5_1 against Q8_1 ones."""
 
     weights: list[torch.Tensor]  # raw rows, or pack_tiles tiles where packed[i]
     qtypes: list[int]

@@ -7,9 +7,10 @@ import torch
 from gguf import quants
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-__all__ = ["F16_FIELDS", "block32_matmul_reference", "block32_quants_numpy", "q80_matmul_reference",
-           "q8k_matmul_reference", "quantize_q8_0_numpy", "quantize_q8_1_numpy",
-           "quantize_q8_k_numpy", "random_ggml_rows"]
+__all__ = ["F16_FIELDS", "block32_matmul_reference", "block32_quants_numpy",
+           "iq4_xs_matmul_reference", "q80_matmul_reference", "q8k_matmul_reference",
+           "quantize_q8_0_numpy", "quantize_q8_1_numpy", "quantize_q8_k_numpy",
+           "random_ggml_rows"]
 
 T = GGMLQuantizationType
 
@@ -17,7 +18,7 @@ T = GGMLQuantizationType
 F16_FIELDS: dict[GGMLQuantizationType, list[tuple[int, int]]] = {
     T.Q4_0: [(0, 2)], T.Q4_1: [(0, 4)], T.Q5_0: [(0, 2)], T.Q5_1: [(0, 4)], T.Q8_0: [(0, 2)],
     T.Q2_K: [(80, 84)], T.Q3_K: [(108, 110)], T.Q4_K: [(0, 4)], T.Q5_K: [(0, 4)],
-    T.Q6_K: [(208, 210)], T.IQ4_NL: [(0, 2)],
+    T.Q6_K: [(208, 210)], T.IQ4_NL: [(0, 2)], T.IQ4_XS: [(0, 2)],
 }
 if hasattr(T, "MXFP4"):
     F16_FIELDS[T.MXFP4] = []  # the e8m0 exponent byte is valid for every value
@@ -206,4 +207,34 @@ def block32_matmul_reference(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuan
     bound = (np.abs(scale) * np.einsum("mbj,nbj->mnb", np.abs(qa.reshape(m_rows, nb, 32))
                                        .astype(np.int64), np.abs(qw.reshape(-1, nb, 32)))
              + np.abs(mins))
+    return torch.from_numpy(terms.sum(-1)), torch.from_numpy(bound.sum(-1))
+
+
+def iq4_xs_matmul_reference(x: torch.Tensor, raw: torch.Tensor
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """llama.cpp's ``ggml_vec_dot_iq4_xs_q8_K`` stated plainly in float64: ``x`` rounded by
+    :func:`quantize_q8_k_numpy`; per 256-value block ``d_w * d_a * sum_s ls_s * sum(q_w q_a)``
+    over its 8 sub-blocks of 32 (``ls = 4 low | 2 high bits << 4, - 32``; quants from
+    IQ4_NL's table), read from the block as ggml's ``block_iq4_xs`` struct lays it out.
+
+    Returns:
+        ``(result [M, N], sum over blocks of |terms|)``.
+    """
+    qa, da = quantize_q8_k_numpy(x.detach().float().numpy())
+    m_rows, k = qa.shape
+    nb = k // 256
+    b = raw.numpy().reshape(raw.shape[0], nb, 136)
+    dw = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float64)  # [N, nb]
+    high = b[..., 2:4].copy().view(np.uint16)[..., 0].astype(np.int64)
+    sub = np.arange(8)
+    low = (b[..., 4 + sub // 2].astype(np.int64) >> (4 * (sub % 2))) & 0xF  # [N, nb, 8]
+    ls = (low | (((high[..., None] >> (2 * sub)) & 3) << 4)) - 32
+    qs = b[..., 8:].reshape(raw.shape[0], nb, 8, 16).astype(np.int64)
+    qw = _IQ4_NL_VALUES[np.concatenate([qs & 0xF, qs >> 4], axis=-1)]  # [N, nb, 8, 32]
+    qa4 = qa.reshape(m_rows, nb, 8, 32).astype(np.int64)
+    dots = np.einsum("mbsj,nbsj->mnbs", qa4, qw)
+    abs_dots = np.einsum("mbsj,nbsj->mnbs", np.abs(qa4), np.abs(qw))
+    scale = da.astype(np.float64)[:, None, :] * dw[None, :, :]
+    terms = scale * (dots * ls[None]).sum(-1)
+    bound = np.abs(scale) * (abs_dots * np.abs(ls)[None]).sum(-1)
     return torch.from_numpy(terms.sum(-1)), torch.from_numpy(bound.sum(-1))

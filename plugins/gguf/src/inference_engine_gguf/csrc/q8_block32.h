@@ -1,5 +1,6 @@
-// 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, IQ4_NL) times 8-bit activations
-// in llama.cpp's CPU arithmetic, from raw GGML rows (no packing). Included once, by
+// 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, IQ4_NL, and IQ4_XS's 32-value
+// sub-blocks) times 8-bit activations in llama.cpp's CPU arithmetic, from raw GGML rows
+// (no packing). Included once, by
 // q8k_matmul.cpp (it uses that file's parallel_tasks from ie_parallel_tasks.h).
 //
 // llama.cpp rounds the activations of these types to Q8_0 (Q4_0, Q5_0, Q8_0, MXFP4, IQ4_NL)
@@ -28,7 +29,7 @@ using ie_ggml::f16;
 
 // GGML type ids (gguf.constants.GGMLQuantizationType).
 constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kIQ4_NL = 20,
-                  kMXFP4 = 39;
+                  kIQ4_XS = 23, kMXFP4 = 39;
 
 // The activation rounding llama.cpp pairs with a weight type.
 enum class Acts { None, Q8_0, Q8_1 };
@@ -217,6 +218,83 @@ inline void matmul_into(const int8_t* qs, const float* da, const float* sa, int6
         out[r * ldy + n0 + j] = dot_row(u.q.data() + j * k, u.d.data() + j * nb,
                                         u.m.data() + j * nb, qs + r * k, da + r * nb,
                                         sa != nullptr ? sa + r * nb : nullptr, nb);
+  });
+}
+
+// ---- IQ4_XS x Q8_K (llama.cpp's ggml_vec_dot_iq4_xs_q8_K) ----
+// A 136-byte block holds 256 values: fp16 d, 16 bits of high scale bits, 4 bytes of low
+// scale nibbles, then 8 sub-blocks of 32 IQ4_NL-table quants (16 bytes each: low nibbles
+// are values 0..15, high nibbles 16..31). Sub-block s has the integer scale
+// ls = (4 low bits | 2 high bits << 4) - 32. A block's dot product with Q8_K activations
+// is d_w * d_a * sum_s ls[s] * (integer sum of its 32 quant products).
+constexpr int64_t kIQ4XSBytes = 136;
+
+inline void unpack_iq4_xs(const uint8_t* b, int8_t* q, int32_t* ls, float* d) {
+  *d = f16(b);
+  uint16_t sh;
+  std::memcpy(&sh, b + 2, 2);
+  for (int s = 0; s < 8; ++s) {
+    ls[s] = (((b[4 + s / 2] >> (4 * (s % 2))) & 0xF) | (((sh >> (2 * s)) & 3) << 4)) - 32;
+    const uint8_t* qs = b + 8 + 16 * s;
+    for (int j = 0; j < 16; ++j) {
+      q[32 * s + j] = kIQ4NLValues[qs[j] & 0xF];
+      q[32 * s + j + 16] = kIQ4NLValues[qs[j] >> 4];
+    }
+  }
+}
+
+// One Q8_K activation row (qs [k], da [k/256]) . one unpacked IQ4_XS row.
+inline float dot_row_iq4_xs(const int8_t* wq, const int32_t* ls, const float* wd,
+                            const int8_t* qs, const float* da, int64_t nb) {
+#if defined(__AVX2__)
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i isum = _mm256_setzero_si256();
+    for (int s = 0; s < 8; ++s) {
+      const int64_t off = 256 * b + 32 * s;
+      isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(dot32(wq + off, qs + off),
+                                                       _mm256_set1_epi32(ls[8 * b + s])));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(wd[b] * da[b]), _mm256_cvtepi32_ps(isum), acc);
+  }
+  return hsum8(acc);
+#else
+  float sum = 0.f;
+  for (int64_t b = 0; b < nb; ++b) {
+    int32_t isum = 0;
+    for (int s = 0; s < 8; ++s) {
+      int32_t dot = 0;
+      for (int j = 0; j < 32; ++j) dot += (int32_t)wq[256 * b + 32 * s + j] * qs[256 * b + 32 * s + j];
+      isum += ls[8 * b + s] * dot;
+    }
+    sum += (float)isum * (wd[b] * da[b]);
+  }
+  return sum;
+#endif
+}
+
+// out [M, N] (row stride ldy) = Q8_K activations (qs [M, k], da [M, k/256]) . IQ4_XS rows.
+inline void iq4_xs_matmul_into(const int8_t* qs, const float* da, int64_t m, int64_t k,
+                               const uint8_t* raw, int64_t n, float* out, int64_t ldy) {
+  const int64_t nb = k / 256, row_bytes = nb * kIQ4XSBytes;
+  parallel_tasks((n + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t task) {
+    thread_local std::vector<int8_t> q;
+    thread_local std::vector<int32_t> ls;
+    thread_local std::vector<float> d;
+    if ((int64_t)q.size() < kRowsPerTask * k) q.resize(kRowsPerTask * k);
+    if ((int64_t)d.size() < kRowsPerTask * nb) {
+      d.resize(kRowsPerTask * nb);
+      ls.resize(kRowsPerTask * nb * 8);
+    }
+    const int64_t n0 = task * kRowsPerTask, rows = std::min(kRowsPerTask, n - n0);
+    for (int64_t j = 0; j < rows; ++j)
+      for (int64_t b = 0; b < nb; ++b)
+        unpack_iq4_xs(raw + (n0 + j) * row_bytes + b * kIQ4XSBytes, q.data() + j * k + 256 * b,
+                      ls.data() + (j * nb + b) * 8, &d[j * nb + b]);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t j = 0; j < rows; ++j)
+        out[r * ldy + n0 + j] = dot_row_iq4_xs(q.data() + j * k, ls.data() + j * nb * 8,
+                                               d.data() + j * nb, qs + r * k, da + r * nb, nb);
   });
 }
 

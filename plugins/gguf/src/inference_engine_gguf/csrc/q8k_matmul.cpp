@@ -889,13 +889,27 @@ void block32_matmul_into(const torch::Tensor& qs, const torch::Tensor& d, const 
                           out.stride(0));
 }
 
+// out [M, N] float32 (unit column stride) = Q8_K activations (qs, d) . raw IQ4_XS rows.
+void iq4_xs_matmul_into(const torch::Tensor& qs, const torch::Tensor& d, const torch::Tensor& raw,
+                        torch::Tensor& out) {
+  TORCH_CHECK(raw.dim() == 2 && raw.scalar_type() == torch::kUInt8 && raw.is_contiguous());
+  const int64_t m = qs.size(0), k = qs.size(1), n = raw.size(0);
+  TORCH_CHECK(raw.size(1) == k / 256 * ie_block32::kIQ4XSBytes, "row bytes do not match K");
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == m && out.size(1) == n && out.stride(1) == 1 &&
+              out.scalar_type() == torch::kFloat32, "out: float32 [M, N], unit column stride");
+  if (m == 0 || n == 0) return;
+  ie_block32::iq4_xs_matmul_into(qs.data_ptr<int8_t>(), d.data_ptr<float>(), m, k,
+                                 raw.data_ptr<uint8_t>(), n, out.data_ptr<float>(),
+                                 out.stride(0));
+}
+
 namespace {
 
 // Which activation rounding llama.cpp gives a weight type: Q8_K (K-quants), Q8_0 or Q8_1.
 enum class ActKind { Q8K, Q8_0, Q8_1 };
 
 ActKind act_kind(int64_t qtype) {
-  if (qtype >= 10 && qtype <= 14) return ActKind::Q8K;
+  if ((qtype >= 10 && qtype <= 14) || qtype == ie_block32::kIQ4_XS) return ActKind::Q8K;
   switch (ie_block32::acts_for(qtype)) {
     case ie_block32::Acts::Q8_0: return ActKind::Q8_0;
     case ie_block32::Acts::Q8_1: return ActKind::Q8_1;
@@ -909,7 +923,8 @@ ActKind act_kind(int64_t qtype) {
 // out [M, sum of parts' N] = x . each part into consecutive columns, one call per layer,
 // x quantized once as llama.cpp does for the parts' type (all parts must share it):
 // K-quant parts (raw rows, or packed tiles where packed[i]) against Q8_K(x); Q8_0, Q4_0
-// (raw or packed), Q5_0, MXFP4, IQ4_NL against Q8_0(x); Q4_1, Q5_1 against Q8_1(x).
+// (raw or packed), Q5_0, MXFP4, IQ4_NL against Q8_0(x); Q4_1, Q5_1 against Q8_1(x); IQ4_XS
+// against Q8_K(x).
 void q8k_parts_into(torch::Tensor x, std::vector<torch::Tensor> weights,
                     std::vector<int64_t> qtypes, std::vector<bool> packed, torch::Tensor out) {
   TORCH_CHECK(weights.size() == qtypes.size() && weights.size() == packed.size());
@@ -926,7 +941,9 @@ void q8k_parts_into(torch::Tensor x, std::vector<torch::Tensor> weights,
   for (size_t i = 0; i < weights.size(); ++i) {
     const int64_t n = packed[i] ? weights[i].size(0) * 16 : weights[i].size(0);
     auto cols = weights.size() == 1 ? out : out.narrow(1, col, n);
-    if (kind == ActKind::Q8K) {
+    if (qtypes[i] == ie_block32::kIQ4_XS) {
+      iq4_xs_matmul_into(q[0], q[1], weights[i], cols);
+    } else if (kind == ActKind::Q8K) {
       if (packed[i]) q8k_packed_matmul_into(q[0], q[1], q[2], weights[i], qtypes[i], cols);
       else q8k_matmul_into(q[0], q[1], q[2], weights[i], qtypes[i], cols);
     } else if (packed[i]) {
@@ -969,7 +986,7 @@ extern "C" void ie_q8_parts_linear_raw(void* ctx, const float* x, int64_t ldx, i
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  pybind11::class_<Q8Linear>(m, "Q8Linear")
+  pybind11::class_<Q8Linear>(m, "Q8Linear", pybind11::module_local())
       .def(pybind11::init([](std::vector<torch::Tensor> w, std::vector<int64_t> t,
                              std::vector<bool> p, int64_t K, int64_t N) {
         TORCH_CHECK(w.size() == t.size() && w.size() == p.size() && !w.empty(), "bad parts");
