@@ -1,11 +1,12 @@
 """GGUF numerics: our log-probabilities against llama.cpp's on files it quantized, every type.
 
-Two models: a small Qwen3 trained here for a few minutes on the docstrings of some Python
+Models: a small Qwen3 trained here for a few minutes on the docstrings of some Python
 standard library modules (``--model trained``, the default: hidden 256, 4 layers, vocab
-2048; trained weights make the logits a smooth function of the activations, as real models
-are), and the random bench model of ``bench/gguf_vs_llamacpp.py`` (``--model random``: hidden
-512, 8 layers, matrices N(0, 0.05)), which amplifies any 8-bit rounding that goes the other
-way into differences of ~0.1 in the logits. Each is exported to an F32 GGUF, and llama.cpp's own
+2048; ``--model trained-moe``: the same as Qwen3-MoE, 8 experts of 256, 2 per token;
+trained weights make the logits a smooth function of the activations, as real models are),
+and the random bench model of ``bench/gguf_vs_llamacpp.py`` (``--model random``: hidden 512,
+8 layers, matrices N(0, 0.05)), which amplifies any 8-bit rounding that goes the other way
+into differences of ~0.1 in the logits. Each is exported to an F32 GGUF, and llama.cpp's own
 ``llama_model_quantize`` (llama-cpp-python) writes one file per ``LLAMA_FTYPE_MOSTLY_*`` type.
 On each file, over a 64-token text (held-out text for the trained model), llama.cpp
 (f32 KV cache, flash attention off) and the engine (default ``activations=q8``: llama.cpp's
@@ -82,20 +83,27 @@ def corpus_text() -> str:
     return "\n\n".join(docs)
 
 
-def trained_model(steps: int, seed: int = 0) -> tuple[transformers.PreTrainedModel, object, str]:
-    """A Qwen3 (hidden 256, 4 layers, 4 / 2 heads of 64, MLP 768, vocab 2048) trained on
+def trained_model(steps: int, moe: bool = False, seed: int = 0
+                  ) -> tuple[transformers.PreTrainedModel, object, str]:
+    """A Qwen3 (hidden 256, 4 layers, 4 / 2 heads of 64, MLP 768, vocab 2048), or with
+    ``moe`` a Qwen3-MoE (8 experts of width 256, 2 per token), trained on
     :func:`corpus_text` for ``steps`` AdamW steps of 8 x 128 tokens; also returns the
     held-out last 5% of the text."""
     text = corpus_text()
     split = int(len(text) * 0.95)
     tokenizer = train_tiny_tokenizer(TRAINED_VOCAB, texts=text[:split].split("\n\n"))
-    config = transformers.Qwen3Config(
+    params = dict(
         vocab_size=TRAINED_VOCAB, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=512,
         tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
         pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(seed)
-    model = transformers.Qwen3ForCausalLM(config).float().train()
+    if moe:
+        config = transformers.Qwen3MoeConfig(**params, num_experts=8, num_experts_per_tok=2,
+                                             moe_intermediate_size=256, norm_topk_prob=True)
+        model = transformers.Qwen3MoeForCausalLM(config).float().train()
+    else:
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**params)).float().train()
     ids = torch.tensor(tokenizer.encode(text[:split]))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=steps)
@@ -141,7 +149,8 @@ def top_diff(ours: np.ndarray, ref: np.ndarray) -> np.ndarray:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=("trained", "random"), default="trained")
+    parser.add_argument("--model", choices=("trained", "trained-moe", "random"),
+                        default="trained")
     parser.add_argument("--train-steps", type=int, default=300)
     parser.add_argument("--layers", type=int, default=8, help="layers of the random model")
     parser.add_argument("--positions", type=int, default=64)
@@ -156,8 +165,8 @@ def main() -> None:
                  "/work/llamacpp-venv): this comparison needs it")
     rows: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory() as work:
-        if args.model == "trained":
-            hf, tokenizer, held_out = trained_model(args.train_steps)
+        if args.model.startswith("trained"):
+            hf, tokenizer, held_out = trained_model(args.train_steps, args.model == "trained-moe")
             vocab, text = TRAINED_VOCAB, tokenizer.encode(held_out)[: args.positions]
         else:
             hf, tokenizer = build_model(args.layers)
