@@ -335,7 +335,7 @@ def test_engine_greedy_parity_with_chunking_and_preemption(tokenizer, tmp_path):
     hf = saved_model(tokenizer, tmp_path)
     assert len(tokenizer.encode(LONG_PROMPT)) > 4 * hf.config.index_topk_blocks * 3
     llm = cpu_llm(tmp_path, dtype="float32", block_size=4, max_num_batched_tokens=8,
-                  kv_cache_memory=30 * block_bytes(hf.config), enable_prefix_caching=False)
+                  kv_cache_memory=46 * block_bytes(hf.config), enable_prefix_caching=False)
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     outs = llm.generate(ENGINE_PROMPTS, params)
     assert llm.engine.scheduler.num_preemptions > 0, "the small pool should force preemption"
