@@ -204,6 +204,9 @@ def test_oversized_bodies_and_prompts_are_refused_fast(server, http):
     r = http.post("/v1/chat/completions", json={"messages": [{"role": "user",
                                                               "content": text}]})
     assert_error(r, 400, "messages")
+    tools = [{"type": "function", "function": {"name": "f", "description": text}}]
+    r = http.post("/v1/chat/completions", json={"messages": MESSAGES, "tools": tools})
+    assert_error(r, 400, "tools")
     assert httpx.get(server.url + "/health", timeout=1).status_code == 200
 
 

@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -70,6 +71,8 @@ async def render_chat(serving: ModelServing, messages: list[dict[str, Any]],
         kwargs["continue_final_message"] = True
     serving.check_text_length(sum(len(m["content"]) for m in messages
                                   if isinstance(m.get("content"), str)), "messages")
+    if tools:  # rendered into the prompt as JSON (at least this long)
+        serving.check_text_length(len(orjson.dumps(tools)), "tools")
     try:
         return await serving.off_loop(apply_chat_template, serving.tokenizer, messages, tools,
                                       add_generation_prompt, kwargs)
