@@ -8,6 +8,10 @@ The issue-33 targets, side by side in one run:
   read by both). 32-token prompt, 128 greedy tokens, EOS ignored; the two systems
   alternate, each in its own process, medians of ``--repeats``. Ours runs under
   ``OMP_WAIT_POLICY=PASSIVE`` as started; llama.cpp at its defaults (spinning threads);
+* with ``--cpu-time``, also both at one thread each (ours in a child process with
+  ``OMP_NUM_THREADS=1``, llama.cpp with ``n_threads=1``): the process CPU time per
+  decoded token, which other processes on a shared machine barely move (wall-clock
+  rates there do, llama.cpp's spinning threads most);
 * the 64-request workload of ``bench/offline_throughput.py`` from a *fresh* engine
   (a new process: ``LLM(...)``, one warm-up request, then the run: what a user who
   starts the engine and submits work sees), against transformers' batched generate
@@ -54,6 +58,34 @@ def ours_decode_rate(llm: LLM, prompt: list[int], new_tokens: int) -> float:
     return new_tokens / (time.perf_counter() - start)
 
 
+def cpu_time_worker(path: str, dtype: str, prompt_tokens: int, new_tokens: int) -> None:
+    """Child process (one thread): ours' process CPU time per decoded token; JSON on stdout."""
+    torch.set_flush_denormal(True)
+    llm = LLM(path, dtype=dtype, show_progress=False, enable_prefix_caching=False)
+    prompt = {"prompt_token_ids": list(range(5, 5 + prompt_tokens))}
+
+    def cpu(tokens: int) -> float:
+        params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+        start = time.process_time()
+        llm.generate(prompt, params, use_tqdm=False)
+        return time.process_time() - start
+
+    cpu(8)
+    runs = [(cpu(new_tokens + 1) - cpu(1)) / new_tokens * 1e3 for _ in range(3)]
+    print(json.dumps({"cpu_ms_per_token": statistics.median(runs)}))
+
+
+def cpu_time_run(path: str, dtype: str, prompt_tokens: int, new_tokens: int) -> float:
+    env = dict(os.environ, OMP_NUM_THREADS="1", INFERENCE_ENGINE_CPU_SPIN_US="0")
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--cpu-time-worker", path, dtype,
+         "--prompt-tokens", str(prompt_tokens), "--new-tokens", str(new_tokens)],
+        capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"CPU-time worker failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])["cpu_ms_per_token"]
+
+
 def fresh_engine_worker(folder: str, num_requests: int, new_tokens: int) -> None:
     """Child process: start an engine, one warm-up request, then the workload; JSON on stdout."""
     torch.set_flush_denormal(True)
@@ -92,10 +124,16 @@ def main() -> None:
     parser.add_argument("--skip-fresh", action="store_true",
                         help="skip the fresh-engine 64-request comparison")
     parser.add_argument("--json", default=None, help="also write the figures here")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="also compare the CPU time per token at one thread each")
     parser.add_argument("--fresh-worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--cpu-time-worker", nargs=2, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.fresh_worker:
         fresh_engine_worker(args.fresh_worker, args.num_requests, args.new_tokens)
+        return
+    if args.cpu_time_worker:
+        cpu_time_worker(*args.cpu_time_worker, args.prompt_tokens, args.new_tokens)
         return
     torch.set_flush_denormal(True)
     python = find_llamacpp_python(args.llamacpp_python)
@@ -148,6 +186,24 @@ def main() -> None:
                     record(f"llama.cpp batch-1 decode tok/s ({label})",
                            run_llamacpp(python, job, work, spinning=True)["tokens_per_s"])
         del engines
+        if args.cpu_time:
+            ours_paths = {"bf16": (folder, "bfloat16"), "Q4_K_M": (q4, args.gguf_dtype)}
+            for r in range(args.repeats):
+                print(f"one-thread CPU time, round {r + 1}/{args.repeats}", flush=True)
+                for label, (path, dtype) in ours_paths.items():
+                    record(f"ours CPU ms/token, 1 thread ({label})",
+                           cpu_time_run(path, dtype, args.prompt_tokens, args.new_tokens))
+                    if python is not None:
+                        job = {"op": "decode", "model": files[label],
+                               "prompt": list(range(5, 5 + args.prompt_tokens)),
+                               "new_tokens": args.new_tokens}
+                        os.environ["LLAMACPP_THREADS"] = "1"
+                        try:
+                            out = run_llamacpp(python, job, work)
+                        finally:
+                            os.environ.pop("LLAMACPP_THREADS")
+                        record(f"llama.cpp CPU ms/token, 1 thread ({label})",
+                               out["cpu_ms_per_token"])
 
         if not args.skip_fresh:
             import transformers
@@ -172,6 +228,10 @@ def main() -> None:
                         for who in ("ours", "llama.cpp"))
         if ours and theirs:
             results[f"batch-1 ours / llama.cpp ({label}, target >= 1.0)"] = round(ours / theirs, 3)
+        ours, theirs = (results.get(f"{who} CPU ms/token, 1 thread ({label})")
+                        for who in ("ours", "llama.cpp"))
+        if ours and theirs:
+            results[f"1 thread: llama.cpp CPU time / ours ({label})"] = round(theirs / ours, 3)
     if not args.skip_fresh:
         ours = results[f"ours fresh engine {args.num_requests} requests tok/s"]
         hf_rate = results[
