@@ -19,10 +19,9 @@ import time
 from pathlib import Path
 
 import torch
-from offline_throughput import build_model, workload
-
 from inference_engine import LLM, LoRARequest, SamplingParams
 from inference_engine.lora.testing import ALL_TARGETS, make_peft_adapter
+from offline_throughput import build_model, workload
 
 
 def throughput(llm: LLM, prompts: list[list[int]], new_tokens: int,
