@@ -176,6 +176,60 @@ def test_block_sparse_decode_matches_masked_attention():
         torch.testing.assert_close(got[i], torch.einsum("hs,shd->hd", probs, values))
 
 
+def test_block_sparse_decode_reads_a_float8_cache_with_its_scales():
+    """On float8 caches the decode equals the same decode over the dequantised values
+    (codes times the per-tensor scales), and stays near the unquantised result."""
+    gen = torch.Generator().manual_seed(3)
+    k32 = torch.randn(6, 4, 2, 8, generator=gen)
+    v32 = torch.randn(6, 4, 2, 8, generator=gen)
+    k_scale, v_scale = 0.5, 0.25
+    k8 = (k32 / k_scale).to(torch.float8_e4m3fn)
+    v8 = (v32 / v_scale).to(torch.float8_e4m3fn)
+    tables = torch.tensor([[4, 1, 5, 0]])
+    seq_lens = torch.tensor([15])
+    selection = torch.tensor([[[0, 2, 3], [1, 3, -1]]])
+    q = torch.randn(1, 4, 8, generator=gen)
+    got = block_sparse_decode(q, k8, v8, selection, tables, seq_lens, 4, 0.35, k_scale, v_scale)
+    ref = block_sparse_decode(q, k8.float() * k_scale, v8.float() * v_scale, selection, tables,
+                              seq_lens, 4, 0.35)
+    torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
+    exact = block_sparse_decode(q, k32, v32, selection, tables, seq_lens, 4, 0.35)
+    # e4m3 keeps 3 mantissa bits (relative error <= 1/16 per value); outputs are O(1).
+    assert (got - exact).abs().max() < 0.25
+
+
+def test_fp8_indexer_scores_quantised_queries_and_keys(pair):
+    """``indexer_dtype="fp8"``: keys cached as e4m3 codes + a float32 scale per token, and the
+    selection is the plain reference's on independently quantised q and k; queries whose
+    context fits the kept blocks are unchanged (logits equal transformers')."""
+    from inference_engine.layers.dsa_indexer import dequantize_fp8_rows, quantize_fp8_rows
+    from inference_engine.testing_parity import make_step
+
+    config, hf, tensors = pair
+    twin = ours(m3_config(indexer_dtype="fp8"), tensors)
+    assert KVCacheSpec(1, 1, 16 + 4, torch.uint8) in twin.pool.specs
+    ids = tokens(30, 9)
+    _, positions, metadata = make_step([Seq(ids, 0, list(range(8)))])
+    indexer = twin.model.model.layers[1].self_attn.indexer
+    hidden = torch.randn(30, config.hidden_size, generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        table = twin.model.model.rotary_emb.lookup(positions)
+        got = indexer(hidden, positions, table, metadata)
+        q = indexer._rotate(table, indexer.q_norm(indexer.q_proj(hidden).view(30, 2, 16)))
+        k = indexer._rotate(table, indexer.k_norm(indexer.k_proj(hidden).view(30, 1, 16)))[:, 0]
+        q = dequantize_fp8_rows(*quantize_fp8_rows(q))
+        k = dequantize_fp8_rows(*quantize_fp8_rows(k))
+    for s in range(30):
+        ref = _plain_selection(q[s], k, s, 4, 3, 1)
+        for h in range(2):
+            assert {b for b in got[s, h].tolist() if b >= 0} == ref[h], (s, h)
+    twin = ours(m3_config(indexer_dtype="fp8"), tensors)
+    logits = run_step(twin, [Seq(ids, 0, list(range(8)))])
+    assert torch.isfinite(logits).all()
+    fits = 4 * config.index_topk_blocks
+    assert_close(logits[:fits], hf_logits(hf, ids)[:fits])
+
+
 # --------------------------------------------------------------------------- #
 # Our model on hand-built steps.
 # --------------------------------------------------------------------------- #

@@ -21,6 +21,11 @@ that KV head's query heads reads
 :func:`~inference_engine.layers.sparse_topk.topk_positions` over block scores,
 so the Triton kernel is shared with DSA. Blocks are anchored to absolute
 positions (block ``b`` is positions ``b*B .. b*B + B - 1``), as transformers does.
+
+**FP8 indexer** (``config.indexer_dtype = "fp8"``, or a float8 ``--kv-cache-dtype``): the
+DSA indexer's format, shared: each cached key is float8 e4m3 codes plus one float32 scale
+per token (``index_head_dim + 4`` bytes), and each query head is quantised the same way
+before scoring.
 """
 
 from __future__ import annotations
@@ -31,6 +36,13 @@ from torch import nn
 from inference_engine.builtin.attention.common import gather_context
 from inference_engine.interfaces.attention import AttentionMetadata, KVCacheSpec
 from inference_engine.interfaces.model import ModelContext
+from inference_engine.layers.dsa_indexer import (
+    _pack_fp8,
+    _unpack_fp8,
+    _wants_fp8,
+    dequantize_fp8_rows,
+    quantize_fp8_rows,
+)
 from inference_engine.layers.fused_op_choice import choose_fused_op
 from inference_engine.layers.linear import ReplicatedLinear
 from inference_engine.layers.rotary import RotaryTable
@@ -149,6 +161,8 @@ class MSAIndexer(nn.Module):
         self.q_norm = OffsetRMSNorm(d, cfg.rms_norm_eps, ctx.dtype)
         self.k_norm = OffsetRMSNorm(d, cfg.rms_norm_eps, ctx.dtype)
         self.dtype = ctx.dtype
+        # Whether keys are cached (and queries scored) as float8 e4m3 with per-row scales.
+        self.fp8 = _wants_fp8(ctx)
         self.topk_impl = choose_fused_op(getattr(ctx, "device", None))
         # [num_blocks, block_size, 1, index_head_dim] view, bound by the runner.
         self.kv_cache: tuple[torch.Tensor] | None = None
@@ -159,8 +173,15 @@ class MSAIndexer(nn.Module):
         return self.topk_blocks * self.block_size
 
     def kv_cache_spec(self) -> KVCacheSpec:
-        """One key of ``index_head_dim`` values per token."""
+        """One key of ``index_head_dim`` values per token (FP8: its codes and scale, as bytes)."""
+        if self.fp8:
+            return KVCacheSpec(num_tensors=1, num_heads=1, head_dim=self.head_dim + 4,
+                               dtype=torch.uint8)
         return KVCacheSpec(num_tensors=1, num_heads=1, head_dim=self.head_dim, dtype=self.dtype)
+
+    def cached_keys(self, raw: torch.Tensor) -> torch.Tensor:
+        """Cache entries ``[..., entry]`` -> float32 keys ``[..., index_head_dim]``."""
+        return _unpack_fp8(raw, self.head_dim) if self.fp8 else raw.float()
 
     def _rotate(self, rope: RotaryTable, x: torch.Tensor) -> torch.Tensor:
         r = self.rot_dim
@@ -185,11 +206,14 @@ class MSAIndexer(nn.Module):
         t = hidden.shape[0]
         key = self._rotate(rope, self.k_norm(self.k_proj(hidden).view(t, 1, self.head_dim)))
         (cache,) = self.kv_cache
-        cache[metadata.slot_blocks, metadata.slot_offsets] = key.to(cache.dtype)
+        cache[metadata.slot_blocks, metadata.slot_offsets] = (
+            _pack_fp8(key) if self.fp8 else key.to(cache.dtype))
         if max(metadata.seq_lens_list, default=0) <= self.dense_context:
             return None
         q = self._rotate(rope, self.q_norm(self.q_proj(hidden).view(t, self.num_heads,
                                                                     self.head_dim))).float()
+        if self.fp8:
+            q = dequantize_fp8_rows(*quantize_fp8_rows(q))
         out = torch.empty(t, self.num_heads, self.topk_blocks, dtype=torch.int64,
                           device=hidden.device)
         n = metadata.num_decodes
@@ -199,7 +223,8 @@ class MSAIndexer(nn.Module):
         for i in range(n, metadata.num_seqs):
             start, end = starts[i], starts[i + 1]
             keys = gather_context(cache, metadata.block_tables[i], metadata.seq_lens_list[i],
-                                  metadata.block_size)[:, 0].float()
+                                  metadata.block_size)[:, 0]
+            keys = self.cached_keys(keys)
             scores = block_scores(q[start:end], keys, positions[start:end], self.block_size)
             out[start:end] = select_blocks(scores, positions[start:end], self.block_size,
                                            self.topk_blocks, self.local_blocks, self.topk_impl)
@@ -211,7 +236,7 @@ class MSAIndexer(nn.Module):
         n, bs = q.shape[0], metadata.block_size
         width = max(metadata.seq_lens_list[:n])
         tables = metadata.block_tables[:n, :-(-width // bs)]
-        keys = cache[tables].reshape(n, -1, self.head_dim)[:, :width].float()
+        keys = self.cached_keys(cache[tables].reshape(n, -1, cache.shape[-1])[:, :width])
         q_positions = metadata.seq_lens[:n] - 1
         # NOTE: slots past a context's end were never written (anything, NaN included).
         valid = torch.arange(width, device=q.device)[None, :] <= q_positions[:, None]
@@ -222,4 +247,5 @@ class MSAIndexer(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"heads={self.num_heads}, head_dim={self.head_dim}, block={self.block_size}, "
-                f"topk_blocks={self.topk_blocks}, local_blocks={self.local_blocks}")
+                f"topk_blocks={self.topk_blocks}, local_blocks={self.local_blocks}, "
+                f"cache={'fp8' if self.fp8 else self.dtype}")
