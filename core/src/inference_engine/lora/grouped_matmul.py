@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["TokenGroup", "lora_expand", "lora_shrink"]
+__all__ = ["TokenGroup", "lora_delta_reference", "lora_expand", "lora_shrink"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,3 +45,9 @@ def lora_expand(shrunk: list[torch.Tensor], lora_b: torch.Tensor, groups: list[T
         else:
             out.index_add_(0, g.rows, delta)
     return out
+
+
+def lora_delta_reference(x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
+                         groups: list[TokenGroup], out: torch.Tensor) -> torch.Tensor:
+    """Shrink then expand into ``out`` in place (the signature the Triton kernel shares)."""
+    return lora_expand(lora_shrink(x, lora_a, groups), lora_b, groups, out)

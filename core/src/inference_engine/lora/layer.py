@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from inference_engine.layers.fused_op_choice import choose_fused_op
 from inference_engine.layers.linear import LinearBase
-from inference_engine.lora.grouped_matmul import TokenGroup, lora_expand, lora_shrink
+from inference_engine.lora.grouped_matmul import TokenGroup, lora_delta_reference
 
 __all__ = ["LoRALayerSlots", "LoRAStepMapping"]
 
@@ -50,6 +51,13 @@ class LoRALayerSlots:
                                   dtype=dtype)
         # Whether the adapter in each slot adapts this layer (else its group is skipped).
         self.used = [False] * max_loras
+        # The grouped shrink/expand: the Triton kernel where the platform lists Triton
+        # kernels for this device, else the torch reference.
+        self._delta = lora_delta_reference
+        if choose_fused_op(device) == "triton":
+            from inference_engine.lora.triton_grouped_matmul import lora_delta_triton
+
+            self._delta = lora_delta_triton
 
     def load_slot(self, slot: int, parts: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Fill ``slot`` with ``part -> (A [r, K], B [rows, r] scaled)``; other parts zero."""
@@ -72,5 +80,4 @@ class LoRALayerSlots:
         if not groups:
             return out
         x = x.reshape(-1, x.shape[-1])
-        return lora_expand(lora_shrink(x, self.lora_a, groups), self.lora_b, groups,
-                           out.view(-1, out.shape[-1]))
+        return self._delta(x, self.lora_a, self.lora_b, groups, out.view(-1, out.shape[-1]))
