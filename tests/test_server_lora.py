@@ -68,11 +68,16 @@ def test_adapters_are_model_names(server, tiny_model_dirs, adapters) -> None:
     assert cards["first"]["parent"] == "base"
     assert cards["first"]["root"] == str(adapters["first"])
     base = tiny_model_dirs["qwen3"]
-    with_adapter = complete(server, "first").json()["choices"][0]["text"]
+    first = complete(server, "first").json()
+    assert first["model"] == "first"
+    with_adapter = first["choices"][0]["text"]
     plain = complete(server, "base").json()["choices"][0]["text"]
     assert with_adapter == expected_text(base, adapters["first"])
     assert plain == expected_text(base, None)
     assert with_adapter != plain
+    chat = post(server, "/v1/chat/completions", {
+        "model": "first", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 2})
+    assert chat.status_code == 200 and chat.json()["model"] == "first"
 
 
 def test_load_and_unload_adapters(server, tiny_model_dirs, adapters) -> None:

@@ -221,7 +221,7 @@ class _Chat:
 
     def _header(self, obj: str) -> dict[str, Any]:
         return {"id": self.request_id, "object": obj, "created": self.created,
-                "model": self.serving.model_name}
+                "model": self.serving.response_model(self.body.model)}
 
     async def whole(self, items: AsyncIterator[tuple[int, RequestOutput]],
                     pipelines: list[ParserPipeline | None]) -> dict[str, Any]:

@@ -129,7 +129,7 @@ class _Completion:
 
     def _header(self, obj: str = "text_completion") -> dict[str, Any]:
         return {"id": self.request_id, "object": obj, "created": self.created,
-                "model": self.serving.model_name}
+                "model": self.serving.response_model(self.body.model)}
 
     def _note(self, index: int, output: RequestOutput,
               finals: list[RequestOutput | None]) -> None:

@@ -143,6 +143,13 @@ class ModelServing:
     def model_name(self) -> str:
         return self.model_names[0]
 
+    def response_model(self, requested: str | None) -> str:
+        """The ``model`` a response reports: the LoRA adapter's name when ``requested``
+        selects one (as vLLM does), else the base model's first name."""
+        if requested is not None and self.loras is not None and self.loras.lookup(requested):
+            return requested
+        return self.model_name
+
     def check_model(self, name: str | None) -> LoRARequest | None:
         """The LoRA adapter ``name`` selects (None: the base model); 404 for a name not
         served."""
