@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from inference_engine import LoRARequest, SamplingParams
 from inference_engine.lora.testing import ALL_TARGETS, make_peft_adapter, peft_reference
 from inference_engine.testing import cpu_llm, make_tiny_model
@@ -117,3 +118,27 @@ def test_lora_request_needs_enable_lora(lora_setup) -> None:
 def test_lora_request_per_prompt_count_is_checked(llm, lora_setup) -> None:
     with pytest.raises(ValueError, match="2 LoRA requests for 1 prompts"):
         llm.generate([PROMPTS[0]], lora_request=[None, None])
+
+
+def test_lora_keeps_the_cpu_decode_step_off(tmp_path) -> None:
+    """A bf16 checkpoint that the whole-step C++ decode would run: with LoRA on, the step is
+    not bound (the delta is added layer by layer every step) and greedy output still equals
+    transformers + peft."""
+    from inference_engine.layers.cpu_decode_step import decode_step_blocker
+    from inference_engine.layers.cpu_gemv import gemv_kernel
+
+    if "AVX512" not in torch.backends.cpu.get_cpu_capability() or gemv_kernel() is None:
+        pytest.skip("the C++ decode step needs AVX-512 and the CPU kernels")
+    base = make_tiny_model(tmp_path / "bf16", "qwen3", dtype=torch.bfloat16)
+    adapter = make_peft_adapter(base, tmp_path / "adapter", seed=5, r=4, lora_alpha=8,
+                                target_modules=ALL_TARGETS)
+    plain = cpu_llm(base, dtype="float32").engine.model.model
+    assert plain.decode_step is not None
+    llm = cpu_llm(base, dtype="float32", enable_lora=True, max_lora_rank=4)
+    assert llm.engine.model.model.decode_step is None
+    assert "LoRA" in decode_step_blocker(llm.engine.model.model)
+    ours = greedy(llm, PROMPTS, LoRARequest("a", 1, str(adapter)))
+    reference = peft_reference(base, adapter)
+    for prompt, got, ref in zip(PROMPTS, ours, hf_greedy(reference, PROMPTS, NEW_TOKENS),
+                                strict=True):
+        assert_greedy_matches(reference, prompt, got, ref)
