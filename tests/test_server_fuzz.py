@@ -6,6 +6,7 @@ Bounded (a few hundred cases on a 64-token context); ``bench/fuzz_server.py`` ru
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import httpx
@@ -13,6 +14,7 @@ import pytest
 import schemathesis
 import torch
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from inference_engine.testing import TEST_PLATFORM, ServerProcess
 
@@ -83,13 +85,16 @@ def fuzz_operations(schema: schemathesis.BaseSchema, url: str,
     return seen
 
 
-def test_no_server_errors_and_openai_shaped_client_errors(api_schema, fuzz_server):
-    # conftest flushes denormals (for the models); hypothesis needs them to draw floats.
+@pytest.fixture(autouse=True)
+def subnormal_floats():
+    """conftest flushes denormals (for the models); hypothesis needs them to draw floats."""
     torch.set_flush_denormal(False)
-    try:
-        seen = fuzz_operations(api_schema, fuzz_server.url, EXAMPLES_PER_OPERATION)
-    finally:
-        torch.set_flush_denormal(True)
+    yield
+    torch.set_flush_denormal(True)
+
+
+def test_no_server_errors_and_openai_shaped_client_errors(api_schema, fuzz_server):
+    seen = fuzz_operations(api_schema, fuzz_server.url, EXAMPLES_PER_OPERATION)
     print(sorted(seen.items()))
     assert sum(seen.values()) >= 200
     # Every body-taking route got its share (a schema that failed to load gives one case).
@@ -97,3 +102,79 @@ def test_no_server_errors_and_openai_shaped_client_errors(api_schema, fuzz_serve
                  "POST /detokenize"):
         assert sum(n for (p, _), n in seen.items() if p == path) >= EXAMPLES_PER_OPERATION, \
             (path, sorted(seen.items()))
+
+
+def sampling_fields() -> st.SearchStrategy[dict]:
+    """Sampling fields in range, so that requests get served; the bad input comes from the
+    prompts, messages and tool fields drawn beside them (and stop strings, which may be
+    empty)."""
+    text = st.text(st.characters(codec="utf-8"), max_size=12)
+    return st.fixed_dictionaries({}, optional={
+        "n": st.integers(1, 4),
+        "max_tokens": st.integers(1, 8),
+        "temperature": st.floats(0, 2),
+        "top_p": st.floats(0.05, 1),
+        "top_k": st.integers(0, 60),
+        "min_p": st.floats(0, 1),
+        "repetition_penalty": st.floats(0.5, 2),
+        "presence_penalty": st.floats(-2, 2),
+        "frequency_penalty": st.floats(-2, 2),
+        "seed": st.integers(0, 2**63 - 1),
+        "stop": st.one_of(text, st.lists(text, max_size=3)),
+        "stop_token_ids": st.lists(st.integers(0, 300), max_size=3),
+        "ignore_eos": st.booleans(),
+        "min_tokens": st.integers(0, 4),
+        "include_stop_str_in_output": st.booleans(),
+        "stream": st.booleans(),
+        "request_id": st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7e),
+                              min_size=1, max_size=8),
+    })
+
+
+@given(body=st.tuples(sampling_fields(), st.fixed_dictionaries({
+    "prompt": st.one_of(st.text(min_size=1, max_size=40), st.just(""),
+                        st.lists(st.integers(0, 300), max_size=8),
+                        st.lists(st.integers(-1, 10**6), max_size=3)),
+}, optional={"logprobs": st.integers(0, 20), "echo": st.booleans()})))
+@settings(max_examples=60, deadline=None, database=None,
+          suppress_health_check=list(HealthCheck))
+def test_in_range_completions_are_served_or_refused_cleanly(fuzz_server, body):
+    check_generation(fuzz_server.url, "/v1/completions", {**body[0], **body[1]})
+
+
+@given(body=st.tuples(sampling_fields(), st.fixed_dictionaries({
+    "messages": st.lists(st.fixed_dictionaries({
+        "role": st.sampled_from(["system", "user", "assistant", "user", "robot"]),
+        "content": st.one_of(st.text(max_size=30), st.none())}), min_size=1, max_size=3)
+    | st.just([]),
+}, optional={"logprobs": st.booleans(), "top_logprobs": st.integers(0, 20),
+             "max_completion_tokens": st.integers(1, 8),
+             "tools": st.just([{"type": "function", "function": {
+                 "name": "f", "parameters": {"type": "object"}}}]),
+             "tool_choice": st.sampled_from(["none", "auto", "required", "x",
+                                             {"type": "function", "function": {"name": "f"}},
+                                             {"type": "function", "function": {"name": "g"}}]),
+             "chat_template_kwargs": st.dictionaries(st.sampled_from(
+                 ["enable_thinking", "tokenize", "x"]), st.booleans(), max_size=2)})))
+@settings(max_examples=60, deadline=None, database=None,
+          suppress_health_check=list(HealthCheck))
+def test_in_range_chats_are_served_or_refused_cleanly(fuzz_server, body):
+    check_generation(fuzz_server.url, "/v1/chat/completions", {**body[0], **body[1]})
+
+
+def check_generation(url: str, path: str, body: dict) -> None:
+    """A 200 is a well-formed completion (or stream ending in [DONE]); else an OpenAI 4xx."""
+    with httpx.stream("POST", url + path, json=body, headers=AUTH, timeout=60) as r:
+        content = r.read()
+    check_openai_response(r.status_code, content, r.headers.get("content-type", ""))
+    if r.status_code != 200:
+        return
+    if body.get("stream"):
+        events = [line[6:] for line in content.decode().splitlines()
+                  if line.startswith("data: ")]
+        assert events[-1] == "[DONE]", events[-3:]
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert all("choices" in c or "error" in c for c in chunks)
+    else:
+        payload = json.loads(content)
+        assert payload["choices"] and payload["usage"]["completion_tokens"] >= 0
