@@ -1,4 +1,6 @@
-"""Decode step time of DSA sparse MLA vs dense MLA for one attention layer on a long context.
+"""Decode step time of sparse attention vs a dense twin for one layer on a long context.
+
+``--model dsa`` (default): DSA sparse MLA vs dense MLA.
 
 One DeepSeek-V3.2-shaped attention layer (``SparseMLAAttention`` with its
 lightning indexer; random weights) over a paged pool whose blocks are filled
@@ -12,7 +14,13 @@ included).
 Default sizes are DeepSeek-V3.2's (128 heads, kv rank 512, rope 64, nope 128, v 128,
 q rank 1536, indexer 64 heads x 128); ``--heads``/``--index-heads`` shrink them.
 
-Run:  .venv/bin/python bench/sparse_attention.py [--context 8192 --topk 2048 --device cpu]
+``--model msa``: one MiniMax-M3 sparse (MSA) attention layer (``MiniMaxM3Attention`` with
+its block indexer; 64 heads, 4 KV heads x 128, indexer 4 x 128, blocks of 128, 16 kept =
+2048 keys): the indexer (block scores + top-k), attention over the kept blocks gathered
+from the pool, the same code over every block, the engine's dense GQA decode through the
+attention backend (what a dense twin runs), and the whole sparse layer step.
+
+Run:  .venv/bin/python bench/sparse_attention.py [--model msa] [--context 8192 --topk 2048]
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from inference_engine.builtin.attention.torch_sdpa import TorchSDPABackend
 from inference_engine.builtin.quant.unquantized import UnquantizedMethod
 from inference_engine.engine.kv_cache import KVCachePool
 from inference_engine.interfaces.model import ModelContext
+from inference_engine.layers.decoder import DecoderOptions
 from inference_engine.layers.rotary import RotaryEmbedding, rope_parameters
 from inference_engine.layers.sparse_mla import SparseMLAAttention
 from inference_engine.testing_parity import Seq, make_step
@@ -101,6 +110,89 @@ def time_parts(layer: SparseMLAAttention, config: object, args: argparse.Namespa
     return times
 
 
+def median_times(parts: dict[str, object], args: argparse.Namespace,
+                 device: torch.device) -> dict[str, float]:
+    """Median seconds of each ``parts`` callable after ``--warmup`` runs."""
+    times = {}
+    for name, fn in parts.items():
+        samples = []
+        for i in range(args.warmup + args.iters):
+            sync(device)
+            start = time.perf_counter()
+            fn()
+            sync(device)
+            if i >= args.warmup:
+                samples.append(time.perf_counter() - start)
+        times[name] = statistics.median(samples)
+    return times
+
+
+def time_msa(args: argparse.Namespace, device: torch.device,
+             dtype: torch.dtype) -> tuple[dict[str, float], str, str]:
+    """MiniMax-M3 MSA decode parts; returns (times, sparse part names..., dense name)."""
+    from inference_engine.layers.block_sparse_attention import block_sparse_decode
+    from inference_engine_models.minimax_m3 import MiniMaxM3Attention, step_positions
+
+    block = 128
+    config = transformers.MiniMaxM3VLTextConfig(
+        hidden_size=6144, num_attention_heads=64, num_key_value_heads=4, head_dim=128,
+        index_n_heads=4, index_head_dim=128, index_block_size=block,
+        index_topk_blocks=max(1, args.topk // block), index_local_blocks=1, num_hidden_layers=1,
+        layer_types=["minimax_m3_sparse"], mlp_layer_types=["dense"],
+        rope_parameters={"rope_type": "default", "rope_theta": 5e6,
+                         "partial_rotary_factor": 0.5},
+        max_position_embeddings=args.context + 16)
+    ctx = ModelContext(config, dtype, UnquantizedMethod(), TorchSDPABackend, device)
+    torch.manual_seed(0)
+    layer = MiniMaxM3Attention(ctx, "model.layers.0.self_attn", 0, DecoderOptions(
+        False, False, False)).to(device)
+    with torch.no_grad():
+        for param in layer.parameters():
+            param.normal_(0, 0.02)
+    blocks_per_seq = -(-(args.context + 1) // args.block_size)
+    specs = [layer.attn.kv_cache_spec(), layer.indexer.kv_cache_spec()]
+    pool = KVCachePool(specs, args.block_size, args.batch * blocks_per_seq + 1, device)
+    layer.attn.kv_cache = pool.layer_views(0)
+    layer.indexer.kv_cache = pool.layer_views(1)
+    gen = torch.Generator(device=device).manual_seed(1)
+    for view in (*layer.attn.kv_cache, *layer.indexer.kv_cache):
+        view.copy_(torch.randn(view.shape, generator=gen, device=device, dtype=view.dtype))
+    seqs = [Seq([0] * (args.context + 1), args.context,
+                list(range(1 + i * blocks_per_seq, 1 + (i + 1) * blocks_per_seq)))
+            for i in range(args.batch)]
+    _, positions, metadata = make_step(seqs, args.block_size)
+    for name in ("query_start_loc", "seq_lens", "block_tables", "slot_blocks", "slot_offsets"):
+        setattr(metadata, name, getattr(metadata, name).to(device))
+    positions = positions.to(device)
+    rope = RotaryEmbedding(128, args.context + 16, rope_parameters(config),
+                           dtype).to(device).lookup(positions)
+    hidden = torch.randn(args.batch, config.hidden_size, device=device, dtype=dtype)
+    q = torch.randn(args.batch, 64, 128, device=device, dtype=dtype)
+    kv = torch.randn(args.batch, 4, 128, device=device, dtype=dtype)
+    k_cache, v_cache = layer.attn.kv_cache
+    num_blocks = -(-(args.context + 1) // block)
+    everything = torch.arange(num_blocks, device=device).expand(args.batch, 4, -1)
+    kept = f"attend {config.index_topk_blocks} kept blocks (gathered)"
+    dense = "dense GQA decode (attention backend)"
+    with torch.inference_mode():
+        step_positions(metadata, device)
+        selection = layer.indexer(hidden, positions, rope, metadata)
+        parts = {
+            "indexer (block scores + top-k)": lambda: layer.indexer(hidden, positions, rope,
+                                                                    metadata),
+            kept: lambda: block_sparse_decode(q, k_cache, v_cache, selection,
+                                              metadata.block_tables, metadata.seq_lens, block,
+                                              layer.attn.scale),
+            f"attend all {num_blocks} blocks (same path)": lambda: block_sparse_decode(
+                q, k_cache, v_cache, everything, metadata.block_tables, metadata.seq_lens,
+                block, layer.attn.scale),
+            dense: lambda: layer.attn(q, kv, kv, metadata),
+            "whole sparse layer step": lambda: layer(hidden, rope, metadata),
+        }
+        times = median_times(parts, args, device)
+    return times, kept, dense
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -108,6 +200,7 @@ def sync(device: torch.device) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="dsa", choices=["dsa", "msa"])
     parser.add_argument("--context", type=int, default=8192)
     parser.add_argument("--topk", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=1)
@@ -124,6 +217,16 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=5)
     args = parser.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    if args.model == "msa":
+        print(f"MSA: context {args.context}, kept keys {args.topk}, batch {args.batch}, "
+              f"{args.dtype} on {device}")
+        times, kept, dense = time_msa(args, device, dtype)
+        for name, seconds in times.items():
+            print(f"{name:44s} {seconds * 1e3:9.2f} ms")
+        sparse = times["indexer (block scores + top-k)"] + times[kept]
+        print(f"sparse (indexer + kept-block attention) / dense GQA decode: "
+              f"{sparse / times[dense]:.2f}")
+        return
     print(f"context {args.context}, top-k {args.topk}, batch {args.batch}, heads {args.heads}, "
           f"indexer heads {args.index_heads}, {args.dtype} on {device}")
     layer, _, config = build_layer(args, args.topk, device, dtype)
