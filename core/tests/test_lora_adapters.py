@@ -130,3 +130,38 @@ def test_grouped_shrink_expand_equals_per_token_formula() -> None:
     whole = lora_expand(lora_shrink(x, a, [TokenGroup(1, None)]), b, [TokenGroup(1, None)],
                         base.clone())
     torch.testing.assert_close(whole, base + x @ a[1].t() @ b[1].t())
+
+
+def test_host_cache_and_slots_are_least_recently_used(setup) -> None:
+    """``max_cpu_loras`` adapters stay read (oldest dropped first); a slot goes to the least
+    recently used adapter the step does not need; a step never needs more than the slots."""
+    llm = cpu_llm(setup["base"], enable_lora=True, max_loras=1, max_cpu_loras=2,
+                  max_lora_rank=8)
+    manager = llm.engine.lora
+    requests = [LoRARequest(f"a{i}", i + 1, str(setup["good"])) for i in range(3)]
+    adapters = [manager.load(r) for r in requests]
+    assert [r.lora_name for r in manager.loaded()] == ["a1", "a2"]
+    assert manager.load(requests[1]) is adapters[1]  # held: not read again
+    manager.prepare_step([adapters[0], None], [3, 1])
+    assert manager.slot_contents() == [adapters[0]]
+    manager.prepare_step([adapters[2]], [1])
+    assert manager.slot_contents() == [adapters[2]]
+    with pytest.raises(RuntimeError, match="max_loras"):
+        manager.prepare_step([adapters[0], adapters[1]], [1, 1])
+
+
+def test_unloading_a_running_adapter_lets_its_request_finish(llm, setup) -> None:
+    engine = llm.engine
+    good = LoRARequest("good", 7, str(setup["good"]))
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    engine.add_request({"prompt_token_ids": PROMPT}, params, request_id="unloaded",
+                       lora_request=good)
+    engine.step()
+    assert engine.remove_lora(7)
+    assert all(r.lora_int_id != 7 for r in engine.list_loras())
+    finished = []
+    while engine.has_unfinished_requests():
+        finished += [o for o in engine.step() if o.finished]
+    reference = peft_reference(setup["base"], setup["good"])
+    ref = hf_greedy(reference, [PROMPT], 10)[0]
+    assert_greedy_matches(reference, PROMPT, finished[0].outputs[0].token_ids, ref)

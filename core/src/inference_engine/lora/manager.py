@@ -150,6 +150,6 @@ class LoRAManager:
         for key, slots in self.slots.items():
             slots.load_slot(slot, per_layer[key])
 
-    @property
-    def num_slots_filled(self) -> int:
-        return len(self._in_slot)
+    def slot_contents(self) -> list[LoRAAdapter | None]:
+        """The adapter in each device slot (None: empty)."""
+        return list(self._slot_adapter)
