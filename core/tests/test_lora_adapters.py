@@ -165,3 +165,22 @@ def test_unloading_a_running_adapter_lets_its_request_finish(llm, setup) -> None
     reference = peft_reference(setup["base"], setup["good"])
     ref = hf_greedy(reference, [PROMPT], 10)[0]
     assert_greedy_matches(reference, PROMPT, finished[0].outputs[0].token_ids, ref)
+
+
+def test_a_request_waiting_for_a_slot_does_not_hold_back_others(setup) -> None:
+    """One slot, busy with adapter 1: a request for adapter 2 waits, the base-model request
+    behind it runs at once; the waiting one runs when adapter 1's request is done."""
+    llm = cpu_llm(setup["base"], enable_lora=True, max_loras=1, max_lora_rank=8)
+    engine = llm.engine
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    for rid, lora in (("one", LoRARequest("one", 1, str(setup["good"]))),
+                      ("two", LoRARequest("two", 2, str(setup["good"]))), ("base", None)):
+        engine.add_request({"prompt_token_ids": PROMPT}, params, request_id=rid,
+                           lora_request=lora)
+    engine.step()
+    assert sorted(r.request_id for r in engine.scheduler.running) == ["base", "one"]
+    assert [r.request_id for r in engine.scheduler.waiting] == ["two"]
+    done = []
+    while engine.has_unfinished_requests():
+        done += [o.request_id for o in engine.step() if o.finished]
+    assert sorted(done) == ["base", "one", "two"]

@@ -149,13 +149,17 @@ class Scheduler:
 
         # A step that had to preempt admits nothing new (vLLM's rule): the pool is full, and
         # a victim re-admitted at once would only be preempted again.
+        # Requests passed over because their LoRA adapter has no free slot (vLLM's rule: later
+        # requests may go ahead); they go back to the front, in order, below.
+        lora_skipped: list[Request] = []
         while (self.waiting and budget > 0 and not out.preempted
                and len(self.running) < self.config.max_num_seqs):
             request = self.waiting[0]
             if request.num_pending_tokens:
                 break  # preempted with a token still on the device: recompute once it is read
             if self._lora_slots_full(request):
-                break  # FCFS: it waits until a running adapter's requests finish
+                lora_skipped.append(self.waiting.popleft())
+                continue
             if -(-request.num_tokens // self.blocks.block_size) > self.blocks.num_blocks - 1:
                 # Even alone in the pool it does not fit: it never will (checked before any
                 # chunk runs, so a chunked prompt cannot fill the pool and cycle).
@@ -173,6 +177,7 @@ class Scheduler:
                 if scheduled:
                     break
                 if remaining > self.config.max_num_batched_tokens:
+                    self.waiting.extendleft(reversed(lora_skipped))
                     raise ValueError(
                         f"prompt of {remaining} tokens exceeds max_num_batched_tokens "
                         f"({self.config.max_num_batched_tokens}) with chunked prefill off"
@@ -187,6 +192,7 @@ class Scheduler:
             self.running.append(request)
             scheduled.append(ScheduledRequest(request, num_new, num_new == remaining))
             budget -= num_new
+        self.waiting.extendleft(reversed(lora_skipped))
 
         scheduled.sort(key=lambda s: s.num_new_tokens != 1)
         for s in scheduled:
