@@ -273,10 +273,9 @@ def test_chunked_prefill_then_mixed_decode_steps(pair):
         assert_close(logits[1:], hf_logits(hf, a)[-1:])
 
 
-def test_vl_checkpoint_runs_text_only():
-    """The VL wrapper's checkpoint (language_model + vision tower) loads text-only and its
-    logits are transformers' MiniMaxM3SparseForConditionalGeneration's on text."""
-    text = m3_config()
+def vl_model(vocab: int = 256, std: float = 0.15, **text_overrides: Any) -> Any:
+    """transformers' VL model (a one-layer vision tower) around the tiny text config."""
+    text = m3_config(vocab, **text_overrides)
     vision = transformers.MiniMaxM3VLVisionConfig(hidden_size=32, intermediate_size=64,
                                                   num_hidden_layers=1, num_attention_heads=2)
     config = transformers.MiniMaxM3VLConfig(text_config=text.to_dict(),
@@ -285,7 +284,14 @@ def test_vl_checkpoint_runs_text_only():
     config._attn_implementation = "eager"
     config.text_config._attn_implementation = "eager"
     torch.manual_seed(0)
-    hf = randomize(hf_m3.MiniMaxM3SparseForConditionalGeneration(config))
+    return randomize(hf_m3.MiniMaxM3SparseForConditionalGeneration(config), std=std)
+
+
+def test_vl_checkpoint_runs_text_only():
+    """The VL wrapper's checkpoint (language_model + vision tower) loads text-only and its
+    logits are transformers' MiniMaxM3SparseForConditionalGeneration's on text."""
+    hf = vl_model()
+    config = hf.config
     tensors = saved_tensors(hf)
     # transformers writes the VL checkpoint in MiniMax's original layout.
     assert any(name.startswith("vision_tower.") for name in tensors)
@@ -395,3 +401,16 @@ def test_engine_greedy_parity_batched_with_prefix_cache(tokenizer, tmp_path):
     outs = llm.generate(prompts, params)
     assert llm.engine.blocks.stats.hit_tokens > 0
     assert_engine_matches(hf, tokenizer, prompts, outs)
+
+
+@pytest.mark.slow
+def test_engine_runs_the_vl_checkpoint_text_only(tokenizer, tmp_path):
+    hf = vl_model(len(tokenizer), std=0.1, eos_token_id=tokenizer.eos_token_id,
+                  pad_token_id=tokenizer.pad_token_id)
+    hf.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    hf.generation_config.eos_token_id = None
+    llm = cpu_llm(tmp_path, dtype="float32", block_size=4, max_num_batched_tokens=16)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    prompts = [PARITY_PROMPTS[1], LONG_PROMPT]
+    assert_engine_matches(hf, tokenizer, prompts, llm.generate(prompts, params))
