@@ -92,13 +92,15 @@ def test_named_tool_choice_is_forced_by_a_grammar(client):
     other = {"type": "function", "function": {"name": "get_time", "parameters": {
         "type": "object", "properties": {"tz": {"enum": ["UTC"]}}, "required": ["tz"],
         "additionalProperties": False}}}
-    # The script would call get_weather; the grammar of the qwen3 format forces get_time.
+    # The script would call get_weather; the grammar of the qwen3 format forces get_time
+    # (after the reasoning section, which stays free).
     out = client.chat.completions.create(
-        model=model, messages=MESSAGES, tools=[*TOOLS, other], temperature=0, max_tokens=64,
+        model=model, messages=MESSAGES, tools=[*TOOLS, other], temperature=0, max_tokens=200,
         tool_choice={"type": "function", "function": {"name": "get_time"}})
     (call,) = out.choices[0].message.tool_calls
     assert call.function.name == "get_time" and json.loads(call.function.arguments) == {
         "tz": "UTC"}
+    assert out.choices[0].message.model_extra["reasoning_content"] == "Let me check the weather."
     out = client.chat.completions.create(
         model=model, messages=MESSAGES, tools=TOOLS, temperature=0, tool_choice="required")
     assert out.choices[0].message.tool_calls[0].function.name == "get_weather"
