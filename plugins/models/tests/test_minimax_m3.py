@@ -23,7 +23,7 @@ from inference_engine.engine.kv_cache import KVCachePool
 from inference_engine.engine.model_runner import attention_layers
 from inference_engine.interfaces.attention import KVCacheSpec
 from inference_engine.layers.block_sparse_attention import block_sparse_decode, block_sparse_mask
-from inference_engine.layers.msa_indexer import MSAIndexer
+from inference_engine.layers.msa_indexer import MSAIndexer, block_scores
 from inference_engine.testing import cpu_llm, train_tiny_tokenizer
 from inference_engine.testing_parity import (
     PARITY_PROMPTS,
@@ -138,6 +138,69 @@ def test_indexer_selection_matches_transformers_indexer(pair):
         for h in range(2):
             want = {b for b in ref[h, s].tolist() if b >= 0}
             assert {b for b in got[s, h].tolist() if b >= 0} == want, (s, h)
+
+
+def test_bf16_indexer_selection_matches_transformers_in_bf16(pair):
+    """In bf16 (keys cached in bf16, scored in float32) our selection equals transformers'
+    bf16 indexer except at near-ties: wherever the kept sets differ, transformers' own block
+    scores at the boundary (its k-th and (k+1)-th best) are within bf16 rounding (2^-6
+    relative) of each other."""
+    from inference_engine.testing_parity import make_step
+
+    config, _, tensors = pair
+    hf16 = hf_model(m3_config()).to(torch.bfloat16)
+    twin = _bf16_twin(tensors)
+    k = config.index_topk_blocks
+    mismatches = 0
+    for layer_idx in (1, 2):
+        hf_indexer = hf16.model.layers[layer_idx].self_attn.indexer
+        indexer = twin.model.model.layers[layer_idx].self_attn.indexer
+        hidden = torch.randn(1, 60, 64, generator=torch.Generator().manual_seed(layer_idx))
+        hidden = hidden.to(torch.bfloat16)
+        position_ids = torch.arange(60)[None]
+        with torch.no_grad():
+            cos, sin = hf16.model.rotary_emb(hidden, position_ids)
+            ref = hf_indexer(hidden, (cos, sin), None, position_ids)[0]
+            q = hf_indexer.q_norm(hf_indexer.q_proj(hidden).view(1, 60, 2, 16)).transpose(1, 2)
+            key = hf_indexer.k_norm(hf_indexer.k_proj(hidden).view(1, 60, 1, 16)).transpose(1, 2)
+            q, key = hf_m3.apply_rotary_pos_emb(q, key, cos[..., :16], sin[..., :16])
+            ref_scores = block_scores(q[0].transpose(0, 1).float(), key[0, 0].float(),
+                                      torch.arange(60), 4)  # [S, H, blocks]
+        _, positions, metadata = make_step([Seq(list(range(60)), 0, list(range(15)))])
+        with torch.inference_mode():
+            got = indexer(hidden[0], positions, twin.model.model.rotary_emb.lookup(positions),
+                          metadata)
+        for s in range(60):
+            for h in range(2):
+                want = {b for b in ref[h, s].tolist() if b >= 0}
+                if {b for b in got[s, h].tolist() if b >= 0} == want:
+                    continue
+                mismatches += 1
+                local = s // 4
+                others = ref_scores[s, h].clone()
+                others[local] = float("-inf")
+                best = others.topk(k).values  # [k]: the k-1 kept others, then the first out
+                gap = (best[k - 2] - best[k - 1]).abs()
+                assert gap <= 2 ** -6 * best[k - 2].abs(), (layer_idx, s, h, float(gap))
+    assert mismatches <= 6, f"{mismatches} of 240 selections differ"
+
+
+def _bf16_twin(tensors: dict[str, torch.Tensor]) -> Any:
+    from inference_engine.builtin.attention.cpu_paged import CpuPagedAttentionBackend
+    from inference_engine.builtin.quant.unquantized import UnquantizedMethod
+    from inference_engine.interfaces.model import ModelContext
+    from inference_engine.testing_parity import Twin
+
+    ctx = ModelContext(m3_config(), torch.bfloat16, UnquantizedMethod(),
+                       CpuPagedAttentionBackend, torch.device("cpu"))
+    model = MiniMaxM3VLForCausalLM(ctx).eval()
+    with torch.no_grad():
+        model.load_weights(tensors.items())
+    layers = attention_layers(model)
+    pool = KVCachePool([layer.kv_cache_spec() for layer in layers], 4, 32, torch.device("cpu"))
+    for i, layer in enumerate(layers):
+        layer.kv_cache = pool.layer_views(i)
+    return Twin(model, pool)
 
 
 def test_block_sparse_decode_matches_masked_attention():
