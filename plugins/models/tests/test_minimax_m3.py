@@ -295,6 +295,20 @@ def test_single_prefill_matches_transformers(pair):
     assert_close(logits, hf_logits(hf, ids))
 
 
+@pytest.mark.parametrize(("change", "message"), [
+    (dict(layer_types=["full_attention", "bogus", "minimax_m3_sparse"]), "layer type 'bogus'"),
+    (dict(mlp_layer_types=["dense", "moe", "sparse"]), "mlp_layer_types entry 'moe'"),
+    (dict(index_n_heads=4), "index_n_heads"),
+    (dict(index_head_dim=8), "narrower than the rotary width"),
+])
+def test_unsupported_configs_are_refused_by_name(change, message):
+    config = m3_config()
+    for key, value in change.items():
+        setattr(config, key, value)
+    with pytest.raises(ValueError, match=message):
+        ours(config, None)
+
+
 def test_sparse_layers_cache_an_indexer_key_per_token(pair):
     config, _, tensors = pair
     twin = ours(config, tensors)
