@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from inference_engine.cli_config_file import ConfigFileOption
 from inference_engine.cli_options import (
     AsyncSchedulingOption,
     EnableLoRAOption,
@@ -237,6 +238,14 @@ def serve(
              "when none are named.")] = False,
     tool_call_streaming: Annotated[str, typer.Option(
         help="incremental (argument fragments) or whole (a call once complete).")] = "incremental",
+    chat_template: Annotated[Optional[str], typer.Option(
+        help="Chat template replacing the tokenizer's: a file path, or the Jinja text "
+             "itself.")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option(
+        help="Tokenizer folder; default: the model's own.")] = None,
+    generation_config: Annotated[str, typer.Option(
+        help="Request sampling defaults: auto (the model's generation_config.json), vllm "
+             "(none) or a folder holding a generation_config.json.")] = "auto",
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "auto",
     max_model_len: Annotated[Optional[int], typer.Option(
         min=1, help="Context limit; default the model's.")] = None,
@@ -279,11 +288,13 @@ def serve(
         min=0.0, help="Seconds in-flight requests get after SIGINT/SIGTERM before they are "
              "aborted (0: abort at once).")] = 30.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    config: ConfigFileOption = None,
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API (uvicorn)."""
     import logging
 
     from inference_engine.config import EngineConfig, ServerConfig, api_key_from_env
+    from inference_engine.entrypoints.chat_template import load_chat_template
     from inference_engine.entrypoints.openai.server import run_server
     from inference_engine.registry import UnknownNameError
 
@@ -300,11 +311,13 @@ def serve(
             cors_allow_credentials=cors_allow_credentials, tool_call_parser=tool_call_parser,
             reasoning_parser=reasoning_parser, enable_auto_tool_choice=enable_auto_tool_choice,
             tool_call_streaming=tool_call_streaming, shutdown_timeout=shutdown_timeout,
+            chat_template=None if chat_template is None else load_chat_template(chat_template),
             log_level=log_level.lower(),
             lora_modules=parse_key_values(lora_modules, "--lora-modules"),
         )
         engine_config = EngineConfig.from_kwargs(
-            model, dtype=dtype, max_model_len=max_model_len, block_size=block_size,
+            model, tokenizer=tokenizer, generation_config=generation_config, dtype=dtype,
+            max_model_len=max_model_len, block_size=block_size,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             kv_cache_memory=_parse_bytes(kv_cache_memory),
             gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,

@@ -92,6 +92,10 @@ class ServerConfig:
     reasoning_parser: str | None = None
     enable_auto_tool_choice: bool = False
     tool_call_streaming: str = "incremental"
+    # Chat template text that replaces the tokenizer's (``--chat-template``); None: its own.
+    chat_template: str | None = None
+    # Also expose the metrics under vLLM's names (``vllm:`` prefix) for existing dashboards.
+    vllm_metric_names: bool = False
     # Seconds in-flight requests get to finish after SIGINT/SIGTERM before they are aborted.
     shutdown_timeout: float = 30.0
     log_level: str = "info"
@@ -123,6 +127,9 @@ class ModelConfig:
     model: str
     # Tokenizer folder; defaults to the model folder.
     tokenizer: str | None = None
+    # Where request sampling defaults come from (vLLM's --generation-config): "auto" the
+    # checkpoint's generation_config.json, "vllm" none, else a folder holding one.
+    generation_config: str = "auto"
     # "auto" (the checkpoint's torch_dtype), "float32", "bfloat16" or "float16".
     dtype: str = "auto"
     # Longest sequence (prompt + output) in tokens; None: the model's own limit.
@@ -145,6 +152,10 @@ class ModelConfig:
                              f"got {self.kv_cache_dtype!r}")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise ValueError(f"--max-model-len must be positive, got {self.max_model_len}")
+        if self.generation_config not in ("auto", "vllm") and not os.path.isdir(
+                self.generation_config):
+            raise ValueError("--generation-config must be auto, vllm or a folder holding "
+                             f"generation_config.json, got {self.generation_config!r}")
 
 
 @dataclass

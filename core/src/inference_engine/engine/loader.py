@@ -40,7 +40,8 @@ class LoadedModel:
     dtype: torch.dtype
     max_model_len: int
     architecture: str
-    # generation_config.json as a dict ({} when absent): eos ids, sampling defaults.
+    # The generation config whose sampling values are request defaults ({}: none), picked by
+    # --generation-config (EOS ids always come from the checkpoint's own).
     generation_config: dict[str, Any] = field(default_factory=dict)
 
 
@@ -210,15 +211,39 @@ def load_model(
         ctx.quant_method.process_model_after_loading(model)
         if asked == torch.bfloat16 and dtype == torch.float32:
             allow_bf16_gemm(model)  # bf16 was asked for: bf16 GEMMs are as precise as that
-    tokenizer = fmt.load_tokenizer()
+    tokenizer = None if model_config.tokenizer else fmt.load_tokenizer()
     if tokenizer is None:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model_config.tokenizer or path)
-    generation_config = fmt.generation_config()
-    eos = _eos_ids(generation_config, hf_config, tokenizer)
+    checkpoint_generation_config = fmt.generation_config()
+    eos = _eos_ids(checkpoint_generation_config, hf_config, tokenizer)
     return LoadedModel(model, hf_config, tokenizer, eos, dtype, int(max_len), architecture,
-                       generation_config)
+                       sampling_generation_config(model_config.generation_config,
+                                                  checkpoint_generation_config))
+
+
+def sampling_generation_config(choice: str, checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The generation config whose sampling values are request defaults
+    (``--generation-config``, as vLLM): ``auto`` the checkpoint's, ``vllm`` none, else
+    the ``generation_config.json`` in the folder ``choice``.
+
+    Raises:
+        ValueError: the folder has no readable ``generation_config.json``.
+    """
+    if choice == "auto":
+        return checkpoint
+    if choice == "vllm":
+        return {}
+    file = os.path.join(choice, "generation_config.json")
+    try:
+        with open(file) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--generation-config {choice}: cannot read {file}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--generation-config {choice}: {file} is not a JSON object")
+    return data
 
 
 def _eos_ids(generation_config: dict[str, Any], hf_config: Any, tokenizer: Any) -> set[int]:

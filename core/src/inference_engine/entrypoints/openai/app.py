@@ -134,6 +134,8 @@ def build_app(engine: AsyncLLM, config: ServerConfig, parsers: Any = None,
         shutdown_engine: stop the engine when the app shuts down.
     """
     names = config.served_model_names or [engine.engine.config.model.model]
+    if config.chat_template is not None:  # --chat-template replaces the tokenizer's own
+        engine.tokenizer.chat_template = config.chat_template
     metrics = ServerMetrics(names[0])
     serving = ModelServing(engine, names, metrics, parsers, config.enable_auto_tool_choice)
     serving.loras = ServedLoRAs(engine, names)

@@ -56,7 +56,8 @@ def longest_token_chars(tokenizer: Any) -> int:
     return max((len(t) for t in tokens if isinstance(t, str)), default=1) or 1
 
 # Sampling fields a model's generation_config.json may set as request defaults (vLLM does too).
-_GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+_GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                        "max_new_tokens")
 
 
 @dataclass
@@ -219,7 +220,7 @@ class ModelServing:
         """
         room = self.max_model_len - prompt_len
         if max_tokens is None:
-            max_tokens = room
+            max_tokens = min(room, int(self.sampling_defaults.get("max_new_tokens", room)))
         elif isinstance(max_tokens, int) and max_tokens > room:
             raise APIError(
                 f"this model's maximum context length is {self.max_model_len} tokens; the "
