@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
+import time
 
 import httpx
 import openai
@@ -39,8 +41,12 @@ def copy_model(src, dst, generation_config: dict | None = None, tokenizer: bool 
     return dst
 
 
+KEY = "launch-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
 def chat(server, name: str, **kwargs):
-    c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
     return c.chat.completions.create(model=name, messages=MESSAGES, **kwargs)
 
 
@@ -61,7 +67,8 @@ def yaml_server(tiny_model_dirs, tmp_path_factory):
         f"tokenizer: {src}\n"
         f"chat_template: {root / 'template.jinja'}\n"
         f"generation-config: {folder}\n"
-        f"max-model-len: 128\n")
+        f"max-model-len: 128\n"
+        f"vllm-metric-names: true\n")
     proc = ServerProcess(model, "--config", str(root / "serve.yaml"), platform=TEST_PLATFORM)
     yield proc
     assert proc.stop() == 0, proc.log()
@@ -110,7 +117,7 @@ def vllm_defaults_server(tiny_model_dirs, tmp_path_factory):
     model = copy_model(tiny_model_dirs["qwen3"], root / "model", {"max_new_tokens": 3})
     inline = TEMPLATE.replace("\n", "\\n")  # one shell line; escapes decoded as vLLM does
     proc = ServerProcess(model, "--generation-config", "vllm", "--chat-template", inline,
-                         "--max-model-len", "48", "--served-model-name", "m",
+                         "--max-model-len", "48", "--served-model-name", "m", "--api-key", KEY,
                          platform=TEST_PLATFORM)
     yield proc
     assert proc.stop() == 0, proc.log()
@@ -122,10 +129,67 @@ def test_generation_config_vllm_ignores_the_checkpoints_defaults(vllm_defaults_s
     prompt = tokenizer.apply_chat_template(MESSAGES, chat_template=TEMPLATE,
                                            add_generation_prompt=True, tokenize=True,
                                            return_dict=False)
-    got = httpx.post(vllm_defaults_server.url + "/tokenize", json={"messages": MESSAGES})
+    got = httpx.post(vllm_defaults_server.url + "/tokenize", json={"messages": MESSAGES},
+                     headers=AUTH)
     assert got.json()["tokens"] == list(prompt)  # the inline template, newline decoded
     out = chat(vllm_defaults_server, "m", extra_body={"ignore_eos": True})
     assert out.usage.completion_tokens == 48 - len(prompt)  # the room left, not 3
+
+
+# ---- /ping, /load and vLLM's metric names ----------------------------------------
+def test_ping_answers_like_health_without_a_key(vllm_defaults_server):
+    url = vllm_defaults_server.url
+    assert httpx.get(url + "/health").status_code == 200
+    assert httpx.get(url + "/ping").status_code == 200
+    assert httpx.post(url + "/ping").status_code == 200
+    assert httpx.get(url + "/load").status_code == 401  # the rest stays behind the key
+
+
+def test_load_counts_generation_requests_in_flight(vllm_defaults_server):
+    url = vllm_defaults_server.url
+    assert httpx.get(url + "/load", headers=AUTH).json() == {"server_load": 0}
+    assert httpx.post(url + "/pause", headers=AUTH).status_code == 200
+    results = []
+    worker = threading.Thread(target=lambda: results.append(
+        chat(vllm_defaults_server, "m", max_tokens=2)))
+    worker.start()
+    try:
+        deadline = time.monotonic() + 30
+        while httpx.get(url + "/load", headers=AUTH).json()["server_load"] != 1:
+            assert time.monotonic() < deadline, "the paused request never showed in /load"
+            time.sleep(0.05)
+    finally:
+        httpx.post(url + "/resume", headers=AUTH)
+        worker.join(60)
+    assert results and results[0].usage.completion_tokens <= 2
+    assert httpx.get(url + "/load", headers=AUTH).json() == {"server_load": 0}
+
+
+def samples(text: str, prefix: str) -> dict[str, float]:
+    """``name{labels}`` -> value of the exposition's samples under ``prefix``."""
+    return {line.rsplit(" ", 1)[0].removeprefix(prefix): float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line.startswith(prefix)}
+
+
+def test_vllm_metric_names_repeat_ours_with_the_same_values(yaml_server,
+                                                            vllm_defaults_server):
+    chat(yaml_server, "from-yaml", max_tokens=3)
+    text = httpx.get(yaml_server.url + "/metrics").text
+    ours, theirs = samples(text, "inference_engine:"), samples(text, "vllm:")
+    names = {key.split("{")[0] for key in theirs}
+    for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
+                 "prefix_cache_queries_total", "prefix_cache_hits_total",
+                 "num_preemptions_total", "prompt_tokens_total", "generation_tokens_total",
+                 "request_success_total", "time_to_first_token_seconds_bucket",
+                 "inter_token_latency_seconds_count", "e2e_request_latency_seconds_sum"):
+        assert name in names, name
+    for key, value in theirs.items():
+        if "_created" not in key:  # creation times are read twice
+            assert ours[key] == value, key
+    assert theirs['generation_tokens_total{model_name="from-yaml"}'] >= 1
+    assert "prefix_cache_hit_rate" not in names  # ours alone: vLLM has no such metric
+    plain = httpx.get(vllm_defaults_server.url + "/metrics", headers=AUTH).text
+    assert "inference_engine:prompt_tokens_total" in plain and "vllm:" not in plain
 
 
 # ---- bad launch values exit 2 naming the flag, before any model loads ------------

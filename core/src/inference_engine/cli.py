@@ -287,6 +287,8 @@ def serve(
     shutdown_timeout: Annotated[float, typer.Option(
         min=0.0, help="Seconds in-flight requests get after SIGINT/SIGTERM before they are "
              "aborted (0: abort at once).")] = 30.0,
+    vllm_metric_names: Annotated[bool, typer.Option(
+        help="Also expose /metrics under vLLM's names (vllm: prefix) for its dashboards.")] = False,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
     config: ConfigFileOption = None,
 ) -> None:
@@ -312,7 +314,7 @@ def serve(
             reasoning_parser=reasoning_parser, enable_auto_tool_choice=enable_auto_tool_choice,
             tool_call_streaming=tool_call_streaming, shutdown_timeout=shutdown_timeout,
             chat_template=None if chat_template is None else load_chat_template(chat_template),
-            log_level=log_level.lower(),
+            log_level=log_level.lower(), vllm_metric_names=vllm_metric_names,
             lora_modules=parse_key_values(lora_modules, "--lora-modules"),
         )
         engine_config = EngineConfig.from_kwargs(

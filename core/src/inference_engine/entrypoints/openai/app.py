@@ -28,6 +28,7 @@ from inference_engine.entrypoints.openai.errors import (
     status_phrase,
 )
 from inference_engine.entrypoints.openai.metrics import ServerMetrics
+from inference_engine.entrypoints.openai.server_load import ServerLoad, ServerLoadMiddleware
 from inference_engine.entrypoints.openai.protocol import (
     AbortRequest,
     ChatCompletionRequest,
@@ -136,7 +137,8 @@ def build_app(engine: AsyncLLM, config: ServerConfig, parsers: Any = None,
     names = config.served_model_names or [engine.engine.config.model.model]
     if config.chat_template is not None:  # --chat-template replaces the tokenizer's own
         engine.tokenizer.chat_template = config.chat_template
-    metrics = ServerMetrics(names[0])
+    metrics = ServerMetrics(names[0], vllm_names=config.vllm_metric_names)
+    load = ServerLoad()
     serving = ModelServing(engine, names, metrics, parsers, config.enable_auto_tool_choice)
     serving.loras = ServedLoRAs(engine, names)
     serving.loras.add_at_startup(config.lora_modules)
@@ -256,6 +258,14 @@ def build_app(engine: AsyncLLM, config: ServerConfig, parsers: Any = None,
             return JSONResponse({"status": "ok"})
         return error_response("the engine is not running", 503)
 
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping() -> Response:  # vLLM's (SageMaker's) name for the health check
+        return await health()
+
+    @app.get("/load")
+    async def server_load() -> Response:
+        return JSONResponse({"server_load": load.in_flight})
+
     @app.get("/version")
     async def version() -> Response:
         return JSONResponse({"version": __version__})
@@ -268,6 +278,7 @@ def build_app(engine: AsyncLLM, config: ServerConfig, parsers: Any = None,
 
     add_lora_routes(app, serving.loras)
 
+    app.add_middleware(ServerLoadMiddleware, load=load)
     # Added first so it is innermost: its 500s pass through auth and CORS like any answer.
     app.add_middleware(InternalErrorMiddleware)
     if config.auth_enabled:

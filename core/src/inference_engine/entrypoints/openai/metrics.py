@@ -15,9 +15,17 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-__all__ = ["RequestTimer", "ServerMetrics"]
+__all__ = ["RequestTimer", "ServerMetrics", "VLLM_NAMED"]
 
 PREFIX = "inference_engine:"
+VLLM_PREFIX = "vllm:"
+# Our metrics that vLLM has under the same name after its prefix (``--vllm-metric-names``
+# repeats these); prefix_cache_hit_rate and num_samples_held have no vLLM twin.
+VLLM_NAMED = frozenset({
+    "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
+    "prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "prompt_tokens",
+    "generation_tokens", "request_success", "time_to_first_token_seconds",
+    "inter_token_latency_seconds", "e2e_request_latency_seconds"})
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -57,11 +65,33 @@ class _EngineCollector:
             yield counter
 
 
+class _VLLMNamedCollector:
+    """Our families that vLLM also has, again under ``vllm:`` (dashboards built for vLLM)."""
+
+    def __init__(self, source: CollectorRegistry) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.source.collect():
+            short = family.name.removeprefix(PREFIX)
+            if short not in VLLM_NAMED:
+                continue
+            twin = Metric(VLLM_PREFIX + short, family.documentation, family.type)
+            twin.samples = [s._replace(name=VLLM_PREFIX + s.name.removeprefix(PREFIX))
+                            for s in family.samples]
+            yield twin
+
+
 class ServerMetrics:
     """The server's metric objects and the registry they live in."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, vllm_names: bool = False) -> None:
         self.registry = CollectorRegistry()
+        # vLLM's names, rendered after ours from the same values (None: off).
+        self.vllm_registry: CollectorRegistry | None = None
+        if vllm_names:
+            self.vllm_registry = CollectorRegistry(auto_describe=False)
+            self.vllm_registry.register(_VLLMNamedCollector(self.registry))
         self.model_name = model_name
         self._engine = _EngineCollector(model_name)
         self.registry.register(self._engine)
@@ -89,7 +119,10 @@ class ServerMetrics:
     def render(self, engine_stats: dict[str, float]) -> bytes:
         """The Prometheus text exposition, with engine gauges from ``engine_stats``."""
         self._engine.snapshot = engine_stats
-        return generate_latest(self.registry)
+        text = generate_latest(self.registry)
+        if self.vllm_registry is not None:
+            text += generate_latest(self.vllm_registry)
+        return text
 
 
 class RequestTimer:

@@ -12,8 +12,8 @@ from inference_engine.entrypoints.openai.errors import error_response
 
 __all__ = ["APIKeyMiddleware", "UNPROTECTED_PATHS"]
 
-# Load balancers probe this without credentials.
-UNPROTECTED_PATHS = frozenset({"/health"})
+# Load balancers probe these without credentials (/ping: vLLM's, SageMaker's name).
+UNPROTECTED_PATHS = frozenset({"/health", "/ping"})
 
 
 def _digest(value: bytes) -> bytes:
