@@ -192,6 +192,44 @@ def test_vllm_metric_names_repeat_ours_with_the_same_values(yaml_server,
     assert "inference_engine:prompt_tokens_total" in plain and "vllm:" not in plain
 
 
+# ---- --trust-remote-code: a config class shipped in the model folder ---------------
+CUSTOM_CONFIG = """from transformers import Qwen3Config
+
+
+class TinyCustomConfig(Qwen3Config):
+    model_type = "tiny_custom_qwen3"
+"""
+
+
+def test_trust_remote_code_runs_the_folders_config_class(tiny_model_dirs, tmp_path):
+    from transformers import Qwen3ForCausalLM
+
+    from inference_engine.entrypoints.llm import LLM
+    from inference_engine.sampling_params import SamplingParams
+    from inference_engine.testing_parity import hf_greedy
+
+    src = tiny_model_dirs["qwen3"]
+    model = copy_model(src, tmp_path / "custom")
+    config = json.loads((model / "config.json").read_text())
+    config["model_type"] = "tiny_custom_qwen3"
+    config["auto_map"] = {"AutoConfig": "configuration_tiny_custom.TinyCustomConfig"}
+    (model / "config.json").write_text(json.dumps(config))
+    (model / "configuration_tiny_custom.py").write_text(CUSTOM_CONFIG)
+    with pytest.raises(ValueError, match="--trust-remote-code"):
+        LLM(str(model), show_progress=False, platform=TEST_PLATFORM, kv_cache_memory=1 << 22)
+    result = CliRunner().invoke(app, ["serve", str(model), "--platform", TEST_PLATFORM])
+    assert result.exit_code == 2 and "--trust-remote-code" in result.output
+
+    llm = LLM(str(model), trust_remote_code=True, show_progress=False, platform=TEST_PLATFORM,
+              kv_cache_memory=1 << 22)
+    assert type(llm.engine.loaded.hf_config).__name__ == "TinyCustomConfig"
+    prompt = AutoTokenizer.from_pretrained(src).encode("the quick brown fox")
+    out = llm.generate({"prompt_token_ids": prompt},
+                       SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    reference = hf_greedy(Qwen3ForCausalLM.from_pretrained(src).eval(), [prompt], 8)[0]
+    assert out[0].outputs[0].token_ids == reference
+
+
 # ---- bad launch values exit 2 naming the flag, before any model loads ------------
 def test_bad_launch_values_exit_2_naming_the_flag(tiny_model_dirs, tmp_path):
     model = str(tiny_model_dirs["qwen3"])

@@ -243,6 +243,8 @@ def serve(
              "itself.")] = None,
     tokenizer: Annotated[Optional[str], typer.Option(
         help="Tokenizer folder; default: the model's own.")] = None,
+    trust_remote_code: Annotated[bool, typer.Option(
+        help="Run the configuration code a model folder ships (config.json auto_map).")] = False,
     generation_config: Annotated[str, typer.Option(
         help="Request sampling defaults: auto (the model's generation_config.json), vllm "
              "(none) or a folder holding a generation_config.json.")] = "auto",
@@ -318,7 +320,8 @@ def serve(
             lora_modules=parse_key_values(lora_modules, "--lora-modules"),
         )
         engine_config = EngineConfig.from_kwargs(
-            model, tokenizer=tokenizer, generation_config=generation_config, dtype=dtype,
+            model, tokenizer=tokenizer, generation_config=generation_config,
+            trust_remote_code=trust_remote_code, dtype=dtype,
             max_model_len=max_model_len, block_size=block_size,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             kv_cache_memory=_parse_bytes(kv_cache_memory),

@@ -130,6 +130,9 @@ class ModelConfig:
     # Where request sampling defaults come from (vLLM's --generation-config): "auto" the
     # checkpoint's generation_config.json, "vllm" none, else a folder holding one.
     generation_config: str = "auto"
+    # Run configuration code the model folder ships (config.json ``auto_map``), as vLLM's
+    # --trust-remote-code; without it such a model is refused by name.
+    trust_remote_code: bool = False
     # "auto" (the checkpoint's torch_dtype), "float32", "bfloat16" or "float16".
     dtype: str = "auto"
     # Longest sequence (prompt + output) in tokens; None: the model's own limit.

@@ -121,12 +121,22 @@ def detect_format(path: str) -> str:
     return name
 
 
-def _hf_config(config_dict: dict[str, Any]) -> Any:
+def _hf_config(config_dict: dict[str, Any], path: str = "",
+               trust_remote_code: bool = False) -> Any:
     from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     model_type = config_dict.get("model_type")
     if not model_type:
         raise ValueError("config.json has no model_type")
+    custom = (config_dict.get("auto_map") or {}).get("AutoConfig")
+    if custom and model_type not in CONFIG_MAPPING:
+        # The config class is code shipped in the model folder: run only when trusted.
+        if not trust_remote_code:
+            raise ValueError(f"{path}: config.json maps model_type {model_type!r} to code in "
+                             f"the model folder ({custom}); pass --trust-remote-code "
+                             f"(trust_remote_code=True) to run it")
+        return AutoConfig.from_pretrained(path, trust_remote_code=True)
     rest = {k: v for k, v in config_dict.items() if k != "model_type"}
     try:
         return AutoConfig.for_model(model_type, **rest)
@@ -171,7 +181,7 @@ def load_model(
     registry = get_plugins().registry
     path = model_config.model
     fmt = registry.resolve("weight_formats", detect_format(path))(path)
-    hf_config = _hf_config(fmt.load_config())
+    hf_config = _hf_config(fmt.load_config(), path, model_config.trust_remote_code)
     architectures = getattr(hf_config, "architectures", None) or []
     if not architectures:
         raise ValueError(f"config.json of {path} lists no architectures")
@@ -215,7 +225,8 @@ def load_model(
     if tokenizer is None:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(model_config.tokenizer or path)
+        tokenizer = AutoTokenizer.from_pretrained(
+            model_config.tokenizer or path, trust_remote_code=model_config.trust_remote_code)
     checkpoint_generation_config = fmt.generation_config()
     eos = _eos_ids(checkpoint_generation_config, hf_config, tokenizer)
     return LoadedModel(model, hf_config, tokenizer, eos, dtype, int(max_len), architecture,
