@@ -6,7 +6,10 @@ processes; references are transformers' own tokenizer and template rendering."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 
@@ -228,6 +231,40 @@ def test_trust_remote_code_runs_the_folders_config_class(tiny_model_dirs, tmp_pa
                        SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
     reference = hf_greedy(Qwen3ForCausalLM.from_pretrained(src).eval(), [prompt], 8)[0]
     assert out[0].outputs[0].token_ids == reference
+
+
+# ---- a Hugging Face model id, from an offline pre-populated Hub cache ----------------
+HUB_ID = "tiny-org/tiny-qwen3"
+
+
+def hub_cache(root, src):
+    """The Hub cache layout (refs/main -> snapshots/<commit>/files) holding ``src``."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = root / ("models--" + HUB_ID.replace("/", "--"))
+    shutil.copytree(src, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    return root
+
+
+def test_hub_id_is_served_from_the_offline_cache(tiny_model_dirs, tmp_path):
+    src = tiny_model_dirs["qwen3"]
+    env = {"HF_HUB_CACHE": str(hub_cache(tmp_path / "hub", src)), "HF_HUB_OFFLINE": "1"}
+    proc = ServerProcess(HUB_ID, "--api-key", KEY, env=env, platform=TEST_PLATFORM)
+    try:
+        models = httpx.get(proc.url + "/v1/models", headers=AUTH).json()["data"]
+        assert [m["id"] for m in models] == [HUB_ID]  # named by its id, as vLLM
+        got = httpx.post(proc.url + "/tokenize", json={"prompt": "hello there"},
+                         headers=AUTH).json()
+        assert got["tokens"] == AutoTokenizer.from_pretrained(src).encode("hello there")
+    finally:
+        assert proc.stop() == 0, proc.log()
+    # An id the offline cache does not hold: exit 2 naming it, no network.
+    result = subprocess.run(
+        [sys.executable, "-m", "inference_engine.cli", "serve", "tiny-org/not-cached"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, **env})
+    assert result.returncode == 2, result.stderr
+    assert "tiny-org/not-cached" in result.stderr and "HF_HUB_OFFLINE" in result.stderr
 
 
 # ---- bad launch values exit 2 naming the flag, before any model loads ------------

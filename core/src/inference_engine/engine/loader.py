@@ -13,6 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from inference_engine.config import ModelConfig, QuantConfig
+from inference_engine.engine.hub import resolve_model_path
 from inference_engine.interfaces.model import CausalLM, ModelContext
 from inference_engine.interfaces.platform import Platform
 from inference_engine.layers.cpu_gemv import allow_bf16_gemm
@@ -179,7 +180,7 @@ def load_model(
         ValueError: missing/unexpected tensors or shape mismatches, by name.
     """
     registry = get_plugins().registry
-    path = model_config.model
+    path = resolve_model_path(model_config.model)
     fmt = registry.resolve("weight_formats", detect_format(path))(path)
     hf_config = _hf_config(fmt.load_config(), path, model_config.trust_remote_code)
     architectures = getattr(hf_config, "architectures", None) or []
