@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from inference_engine import LoRARequest, SamplingParams
-from inference_engine.lora.grouped_matmul import TokenGroup, lora_expand, lora_shrink
+from inference_engine.lora.grouped_matmul import lora_delta_reference, make_segments
 from inference_engine.lora.testing import ALL_TARGETS, make_peft_adapter, peft_reference
 from inference_engine.testing import cpu_llm, make_tiny_model
 from inference_engine.testing_parity import assert_greedy_matches, hf_greedy
@@ -110,26 +110,28 @@ def test_bad_adapter_does_not_disturb_running_requests(llm, setup) -> None:
     assert_greedy_matches(reference, PROMPT, finished[0].outputs[0].token_ids, ref)
 
 
-def test_grouped_shrink_expand_equals_per_token_formula() -> None:
-    """Tokens grouped by slot (some with none) get ``x A_s^T B_s^T`` of their own slot."""
+@pytest.mark.parametrize("slot_of", [
+    [2, 2, -1, 0, 0, 0, -1, 2, 1, 1, 0],  # three slots and tokens with no adapter
+    [1] * 6,  # one adapter for every token (no reordering)
+    [3, -1, 1, 1, 3],  # slots that are not consecutive (gathered, not a view)
+])
+def test_grouped_shrink_expand_equals_per_token_formula(slot_of: list[int]) -> None:
+    """Each token with an adapter gets ``B_s A_s x`` of its own slot, the others nothing."""
     torch.manual_seed(0)
-    slots, rank, k, n, tokens = 3, 4, 24, 40, 11
+    slots, rank, k, n = 4, 6, 24, 40
     a = torch.randn(slots, rank, k, dtype=torch.float64)
     b = torch.randn(slots, n, rank, dtype=torch.float64)
-    x = torch.randn(tokens, k, dtype=torch.float64)
-    base = torch.randn(tokens, n, dtype=torch.float64)
-    slot_of = [2, 2, -1, 0, 0, 0, -1, 2, 1, 1, 0]
-    groups = [TokenGroup(s, torch.tensor([t for t, v in enumerate(slot_of) if v == s]))
-              for s in range(slots)]
-    out = lora_expand(lora_shrink(x, a, groups), b, groups, base.clone())
+    x = torch.randn(len(slot_of), k, dtype=torch.float64)
+    base = torch.randn(len(slot_of), n, dtype=torch.float64)
+    seg = make_segments(slot_of, torch.device("cpu"), torch.float64)
+    out = lora_delta_reference(x, a, b, seg, base.clone())
     expected = base.clone()
     for t, s in enumerate(slot_of):
         if s >= 0:
             expected[t] += b[s] @ (a[s] @ x[t])
     torch.testing.assert_close(out, expected)
-    whole = lora_expand(lora_shrink(x, a, [TokenGroup(1, None)]), b, [TokenGroup(1, None)],
-                        base.clone())
-    torch.testing.assert_close(whole, base + x @ a[1].t() @ b[1].t())
+    assert make_segments([-1, -1], torch.device("cpu"), torch.float64) is None
+
 
 
 def test_host_cache_and_slots_are_least_recently_used(setup) -> None:

@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from inference_engine.lora.grouped_matmul import TokenGroup, lora_expand, lora_shrink  # noqa: E402
+from inference_engine.lora.grouped_matmul import lora_delta_reference, make_segments  # noqa: E402
 from inference_engine.testing import run_under_triton_interpreter  # noqa: E402
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
@@ -24,31 +24,31 @@ def test_under_interpreter() -> None:
     assert "3 passed" in out, out
 
 
-def reference(x, a, b, groups, out):
-    return lora_expand(lora_shrink(x, a, groups), b, groups, out.clone())
-
-
 @interp
-@pytest.mark.parametrize("layout", ["mixed", "one_adapter_all_tokens", "long_segment"])
-def test_grouped_kernel_equals_reference(layout: str) -> None:
+@pytest.mark.parametrize("slot_of", [
+    [2, 2, -1, 0, 0, 0, -1, 2, 1, 1, 0],  # three slots and tokens with no adapter
+    [1] * 7,  # one adapter for every token
+    [0] * 37 + [2, -1],  # a prefill chunk longer than a row tile beside a decode
+])
+def test_grouped_kernel_equals_reference(slot_of: list[int]) -> None:
     from inference_engine.lora.triton_grouped_matmul import lora_delta_triton
 
     torch.manual_seed(0)
-    slots, rank, k, n = 3, 24, 40, 72  # ranks / sizes that are not multiples of the tiles
-    a = torch.randn(slots, rank, k)
-    b = torch.randn(slots, n, rank)
-    if layout == "mixed":
-        slot_of = [2, 2, -1, 0, 0, 0, -1, 2, 1, 1, 0]
-        groups = [TokenGroup(s, torch.tensor([t for t, v in enumerate(slot_of) if v == s]))
-                  for s in range(slots)]
-    elif layout == "one_adapter_all_tokens":
-        slot_of = [1] * 7
-        groups = [TokenGroup(1, None)]
-    else:  # a prefill chunk longer than one row tile next to two decodes
-        slot_of = [0] * 37 + [2, -1]
-        groups = [TokenGroup(0, torch.arange(37)), TokenGroup(2, torch.tensor([37]))]
+    # Sizes that are not multiples of the tiles; three fused parts with ranks below the
+    # maximum, zero outside their blocks (what LoRALayerSlots.load_slot writes).
+    slots, max_rank, k = 3, 8, 40
+    rows = ((0, 32), (32, 48), (48, 64))
+    ranks = [[8, 5, 0], [3, 3, 3], [0, 8, 1]]
+    a = torch.zeros(slots, 3 * max_rank, k)
+    b = torch.zeros(slots, 64, 3 * max_rank)
+    for s in range(slots):
+        for p, (n0, n1) in enumerate(rows):
+            c = p * max_rank
+            a[s, c:c + ranks[s][p]] = torch.randn(ranks[s][p], k)
+            b[s, n0:n1, c:c + ranks[s][p]] = torch.randn(n1 - n0, ranks[s][p])
+    seg = make_segments(slot_of, torch.device("cpu"), torch.float32)
     x = torch.randn(len(slot_of), k)
-    out = torch.randn(len(slot_of), n)
-    expected = reference(x, a, b, groups, out)
-    got = lora_delta_triton(x, a, b, groups, out.clone())
+    out = torch.randn(len(slot_of), 64)
+    expected = lora_delta_reference(x, a, b, seg, out.clone())
+    got = lora_delta_triton(x, a, b, seg, out.clone())
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)

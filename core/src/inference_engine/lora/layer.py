@@ -8,13 +8,13 @@ from one shrink and one expand. The scaling is folded into ``lora_b`` on load.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from inference_engine.layers.fused_op_choice import choose_fused_op
 from inference_engine.layers.linear import LinearBase
-from inference_engine.lora.grouped_matmul import TokenGroup, lora_delta_reference
+from inference_engine.lora.grouped_matmul import StepSegments, lora_delta_reference
 
 __all__ = ["LoRALayerSlots", "LoRAStepMapping"]
 
@@ -22,9 +22,9 @@ __all__ = ["LoRALayerSlots", "LoRAStepMapping"]
 @dataclass
 class LoRAStepMapping:
     """Which tokens of the current step use which slot; shared by every wrapped layer and
-    set by the manager before each forward (empty: no token has an adapter)."""
+    set by the manager before each forward (None: no token has an adapter)."""
 
-    groups: list[TokenGroup] = field(default_factory=list)
+    segments: StepSegments | None = None
 
 
 class LoRALayerSlots:
@@ -49,8 +49,13 @@ class LoRALayerSlots:
                                   dtype=dtype)
         self.lora_b = torch.zeros(max_loras, layer.output_size, parts * max_rank, device=device,
                                   dtype=dtype)
-        # Whether the adapter in each slot adapts this layer (else its group is skipped).
+        # Whether the adapter in each slot adapts this layer (else the layer is skipped when
+        # no slot of the step does).
         self.used = [False] * max_loras
+        starts = [0]
+        for size in layer.output_sizes:
+            starts.append(starts[-1] + size)
+        self.part_rows = list(zip(starts[:-1], starts[1:], strict=True))
         # The grouped shrink/expand: the Triton kernel where the platform lists Triton
         # kernels for this device, else the torch reference.
         self._delta = lora_delta_reference
@@ -63,21 +68,19 @@ class LoRALayerSlots:
         """Fill ``slot`` with ``part -> (A [r, K], B [rows, r] scaled)``; other parts zero."""
         self.lora_a[slot].zero_()
         self.lora_b[slot].zero_()
-        offsets = [0]
-        for size in self.layer.output_sizes:
-            offsets.append(offsets[-1] + size)
         for part, (a, b) in parts.items():
             r = a.shape[0]
+            n0, n1 = self.part_rows[part]
             cols = slice(part * self.max_rank, part * self.max_rank + r)
             self.lora_a[slot, cols].copy_(a)
-            self.lora_b[slot, offsets[part]:offsets[part + 1], cols].copy_(b)
+            self.lora_b[slot, n0:n1, cols].copy_(b)
         self.used[slot] = bool(parts)
 
     def add_delta(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """``out += scaling * x A^T B^T`` for each token's adapter; ``x [T, K]``,
         ``out [T, N]``."""
-        groups = [g for g in self.mapping.groups if self.used[g.slot]]
-        if not groups:
+        seg = self.mapping.segments
+        if seg is None or not any(self.used[slot] for slot in seg.slots):
             return out
         x = x.reshape(-1, x.shape[-1])
-        return self._delta(x, self.lora_a, self.lora_b, groups, out.view(-1, out.shape[-1]))
+        return self._delta(x, self.lora_a, self.lora_b, seg, out.view(-1, out.shape[-1]))

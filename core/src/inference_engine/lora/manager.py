@@ -19,7 +19,7 @@ from torch import nn
 
 from inference_engine.config import LoRAConfig
 from inference_engine.lora.adapter import LoRAAdapter, LoRATarget, load_adapter, lora_targets
-from inference_engine.lora.grouped_matmul import TokenGroup
+from inference_engine.lora.grouped_matmul import make_segments
 from inference_engine.lora.layer import LoRALayerSlots, LoRAStepMapping
 from inference_engine.lora.request import LoRARequest
 
@@ -103,19 +103,11 @@ class LoRAManager:
         """
         slot_of_seq = [-1 if a is None else self._slot_for(a, adapters) for a in adapters]
         if all(s < 0 for s in slot_of_seq):
-            self.mapping.groups = []
-            return
-        if len(set(slot_of_seq)) == 1:
-            self.mapping.groups = [TokenGroup(slot_of_seq[0], None)]
+            self.mapping.segments = None
             return
         token_slots = np.repeat(np.asarray(slot_of_seq, dtype=np.int64),
                                 np.asarray(query_lens, dtype=np.int64))
-        rows = torch.from_numpy(np.arange(len(token_slots), dtype=np.int64))
-        groups = []
-        for slot in sorted(set(slot_of_seq) - {-1}):
-            picked = rows[torch.from_numpy(token_slots == slot)]
-            groups.append(TokenGroup(slot, picked.to(self.device, non_blocking=True)))
-        self.mapping.groups = groups
+        self.mapping.segments = make_segments(token_slots.tolist(), self.device, self.dtype)
 
     def _slot_for(self, adapter: LoRAAdapter, step: Sequence[LoRAAdapter | None]) -> int:
         key = adapter.request.lora_int_id

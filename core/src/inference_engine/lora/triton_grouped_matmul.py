@@ -1,8 +1,8 @@
 """The grouped LoRA shrink and expand as Triton kernels (punica's SGMV shape).
 
 The step's tokens are laid out slot by slot (``token_order``: the rows of each
-:class:`~inference_engine.lora.grouped_matmul.TokenGroup` one after another,
-``segment_starts`` where each group begins); a program multiplies a
+segment of :class:`~inference_engine.lora.grouped_matmul.StepSegments` one after
+another, ``segment_starts`` where each begins); a program multiplies a
 ``BLOCK_M``-row tile of one segment by a tile of that segment's slot with
 ``tl.dot``, gathering and scattering rows through ``token_order``, so one
 launch covers every adapter of the step. The torch reference is
@@ -16,25 +16,18 @@ import torch
 import triton
 import triton.language as tl
 
-from inference_engine.lora.grouped_matmul import TokenGroup
+from inference_engine.lora.grouped_matmul import StepSegments
 
-__all__ = ["lora_delta_triton", "segments"]
+__all__ = ["lora_delta_triton", "segment_tensors"]
 
 
-def segments(groups: list[TokenGroup], num_tokens: int,
-             device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+def segment_tensors(seg: StepSegments, num_tokens: int, device: torch.device
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """``(token_order [rows], segment_starts [G + 1], segment_slots [G], longest segment)``
-    of ``groups`` (int32 on ``device``)."""
-    rows = [torch.arange(num_tokens, device=device) if g.rows is None else g.rows
-            for g in groups]
-    lengths = [int(r.numel()) for r in rows]
-    starts = [0]
-    for n in lengths:
-        starts.append(starts[-1] + n)
-    order = torch.cat(rows).to(torch.int32)
-    return (order, torch.tensor(starts, dtype=torch.int32, device=device),
-            torch.tensor([g.slot for g in groups], dtype=torch.int32, device=device),
-            max(lengths))
+    of ``seg`` (int32 on ``device``)."""
+    order = (torch.arange(num_tokens, device=device) if seg.order is None else seg.order)
+    return (order.to(torch.int32), torch.tensor(seg.starts, dtype=torch.int32, device=device),
+            torch.tensor(seg.slots, dtype=torch.int32, device=device), seg.longest)
 
 
 @triton.jit
@@ -86,14 +79,15 @@ def _launch(src: torch.Tensor, weights: torch.Tensor, dst: torch.Tensor,
 
 
 def lora_delta_triton(x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
-                      groups: list[TokenGroup], out: torch.Tensor) -> torch.Tensor:
-    """``out[rows of g] += x[rows] A_g^T B_g^T`` for every group, in place: one shrink launch
-    into a float32 ``[T, R]`` buffer, one expand launch; returns ``out``.
+                      seg: StepSegments, out: torch.Tensor) -> torch.Tensor:
+    """``out[tokens of a segment] += x[tokens] A^T B^T`` of the segment's slot, in place: one
+    shrink launch into a float32 ``[T, P*R]`` buffer, one expand launch over the whole
+    (part-blocked) ``B``; returns ``out``.
 
     ``x [T, K]`` and ``out [T, N]`` must have unit stride along their last dimension.
     """
-    seg = segments(groups, x.shape[0], x.device)
+    tensors = segment_tensors(seg, x.shape[0], x.device)
     shrunk = torch.zeros(x.shape[0], lora_a.shape[1], device=x.device, dtype=torch.float32)
-    _launch(x, lora_a.contiguous(), shrunk, seg, accumulate=False)
-    _launch(shrunk, lora_b.contiguous(), out, seg, accumulate=True)
+    _launch(x, lora_a.contiguous(), shrunk, tensors, accumulate=False)
+    _launch(shrunk, lora_b.contiguous(), out, tensors, accumulate=True)
     return out
