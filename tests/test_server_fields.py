@@ -357,7 +357,10 @@ def check_stream(http, path, tok):
     key = "delta" if path == CHAT else None
     text = "".join((c["choices"][0][key].get("content") or "") if key
                    else c["choices"][0]["text"] for c in chunks if c["choices"])
-    assert text == whole and len(chunks) > 2
+    # At least a content chunk and the finish chunk: outputs a reader has not taken yet are
+    # coalesced (server backpressure), so a loaded machine may deliver the text in one piece.
+    assert text == whole and len(chunks) >= 2
+    assert chunks[-1]["choices"][0]["finish_reason"] is not None
 
 
 def check_stream_options(http, path, tok):
