@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 SMALL_KV = 1 << 24  # 16 MiB: plenty for these tests, quick to allocate
 
-from inference_engine import AsyncLLM, SamplingParams
+from inference_engine import AsyncLLM, RequestOutputKind, SamplingParams
 from inference_engine.testing import TEST_PLATFORM, cpu_llm
 from inference_engine.registry import RemovedArchitectureError, UnknownNameError
 
@@ -123,6 +123,42 @@ def test_final_only_requests_report_once_with_the_incremental_text(llm):
         assert texts[(True, i)] == texts[(False, i)]
         text, ids = texts[(True, i)]
         assert text == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_output_kinds_report_the_same_sequences(llm, n):
+    """RequestOutputKind: DELTA outputs concatenate to the CUMULATIVE ones (text, token ids,
+    logprobs; prompt logprobs once), FINAL_ONLY reports once; stop strings held back alike."""
+    engine = llm.engine
+    reports: dict[RequestOutputKind, list] = {}
+    for kind in RequestOutputKind:
+        params = SamplingParams(temperature=0.8, seed=3, n=n, max_tokens=24, logprobs=2,
+                                prompt_logprobs=1, stop=["e t"], output_kind=kind)
+        engine.add_request("The quick brown fox", params, request_id=f"kind-{kind.name}-{n}")
+        outs = []
+        while engine.has_unfinished_requests():
+            outs += engine.step()
+        reports[kind] = outs
+    cumulative, delta, final = (reports[k] for k in RequestOutputKind)
+    assert len(final) == 1 and final[0].finished and len(delta) == len(cumulative) > 1
+    assert delta[0].prompt_logprobs == cumulative[0].prompt_logprobs is not None
+    assert all(out.prompt_logprobs is None for out in delta[1:])
+    for index in range(n):
+        def sample(out, i=index):
+            return next(c for c in out.outputs if c.index == i)
+        text = "".join(sample(out).text for out in delta)
+        ids = [t for out in delta for t in sample(out).token_ids]
+        logprobs = [e for out in delta for e in sample(out).logprobs]
+        last = sample(cumulative[-1])
+        assert (text, ids, logprobs) == (last.text, last.token_ids, last.logprobs)
+        assert (text, ids) == (sample(final[0]).text, sample(final[0]).token_ids)
+        assert sample(delta[-1]).finish_reason == last.finish_reason
+
+
+def test_output_kind_is_checked():
+    assert SamplingParams(output_kind=1).output_kind is RequestOutputKind.DELTA
+    with pytest.raises(ValueError, match="output_kind"):
+        SamplingParams(output_kind=7)
 
 
 def test_chat_applies_template(llm):

@@ -12,12 +12,14 @@ from inference_engine.registry import Spec
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "AsyncLLM", "LoRARequest", "SamplingParams", "Spec", "__version__", "hookimpl"]
+__all__ = ["LLM", "AsyncLLM", "LoRARequest", "RequestOutputKind", "SamplingParams", "Spec",
+           "__version__", "hookimpl"]
 
 _LAZY = {
     "LLM": "inference_engine.entrypoints.llm",
     "AsyncLLM": "inference_engine.engine.async_client",
     "SamplingParams": "inference_engine.sampling_params",
+    "RequestOutputKind": "inference_engine.sampling_params",
     "LoRARequest": "inference_engine.lora.request",
 }
 
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
     from inference_engine.engine.async_client import AsyncLLM
     from inference_engine.entrypoints.llm import LLM
     from inference_engine.lora.request import LoRARequest
-    from inference_engine.sampling_params import SamplingParams
+    from inference_engine.sampling_params import RequestOutputKind, SamplingParams
 
 
 def __getattr__(name: str) -> Any:

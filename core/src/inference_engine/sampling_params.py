@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import enum
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -10,10 +11,21 @@ from typing import Any
 
 from inference_engine.structured_output.params import StructuredOutputsParams
 
-__all__ = ["GREEDY_EPS", "SamplingParams", "StructuredOutputsParams"]
+__all__ = ["GREEDY_EPS", "RequestOutputKind", "SamplingParams", "StructuredOutputsParams"]
 
 # Temperatures below this mean greedy (argmax), as in vLLM.
 GREEDY_EPS = 1e-5
+
+
+class RequestOutputKind(enum.IntEnum):
+    """What each streamed :class:`~inference_engine.outputs.RequestOutput` holds (vLLM's enum)."""
+
+    # Everything generated so far (text, token ids, logprobs) in every output.
+    CUMULATIVE = 0
+    # Only what is new since the request's previous output (prompt logprobs in the first).
+    DELTA = 1
+    # One output, when the request finishes.
+    FINAL_ONLY = 2
 
 
 @dataclass
@@ -89,6 +101,8 @@ class SamplingParams:
     extra_args: dict[str, Any] = field(default_factory=dict)
     # bad_words as token-id sequences (both with and without a leading space).
     bad_words_token_ids: list[list[int]] | None = None
+    # What each streamed output holds: everything so far, only the new part, or one at the end.
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -107,6 +121,11 @@ class SamplingParams:
                 )
         if self.top_k == -1:
             self.top_k = 0
+        try:
+            self.output_kind = RequestOutputKind(self.output_kind)
+        except ValueError:
+            raise ValueError(f"output_kind must be a RequestOutputKind (0 cumulative, 1 delta, "
+                             f"2 final only), got {self.output_kind!r}") from None
         for name in ("n", "top_k", "min_tokens"):
             if not _is_int(getattr(self, name)):
                 raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}")

@@ -22,7 +22,7 @@ from inference_engine.interfaces.platform import MemoryProfiler
 from inference_engine.lora.request import LoRARequest
 from inference_engine.outputs import CompletionOutput, RequestOutput
 from inference_engine.platforms.selection import select_platform, set_current_platform
-from inference_engine.sampling_params import SamplingParams
+from inference_engine.sampling_params import RequestOutputKind, SamplingParams
 
 __all__ = ["LLMEngine", "PromptInput"]
 
@@ -230,7 +230,10 @@ class LLMEngine:
         adapter = self._lora_adapter(lora_request)
         stop_ids = frozenset(params.stop_token_ids or ())
         eos = stop_ids if params.ignore_eos else self.eos_token_ids | stop_ids
-        group = RequestGroup(request_id, text, token_ids, final_only=final_only)
+        kind = params.output_kind
+        group = RequestGroup(request_id, text, token_ids,
+                             final_only=final_only or kind == RequestOutputKind.FINAL_ONLY,
+                             delta=kind == RequestOutputKind.DELTA and not final_only)
         for index in range(params.n):
             child_params = params if params.n == 1 else params.for_sample(index)
             child_id = request_id if params.n == 1 else f"{request_id}#{index}"
@@ -552,24 +555,32 @@ class LLMEngine:
                 text = detok.text
                 if not request.is_finished and request.params.stop:
                     text = text[: len(text) - child.stop_holdback(text)]
+            tokens, chars = child.reported_tokens, child.reported_chars
+            if group.delta:  # only what is new since this sequence's previous output
+                child.reported_tokens = len(request.output_token_ids)
+                child.reported_chars = len(text)
             completions.append(
                 CompletionOutput(
                     index=child.index,
-                    text=text,
-                    token_ids=list(request.output_token_ids),
-                    logprobs=list(child.logprobs) if child.logprobs is not None else None,
+                    text=text[chars:],
+                    token_ids=list(request.output_token_ids[tokens:]),
+                    logprobs=list(child.logprobs[tokens:]) if child.logprobs is not None else None,
                     finish_reason=request.finish_reason.value if request.finish_reason else None,
                     stop_reason=request.stop_reason,
                 )
             )
         errors = [c.error for c in group.children if c.error is not None]
+        prompt_logprobs = group.children[0].prompt_logprobs
+        if group.delta:
+            prompt_logprobs = None if group.reported_prompt else prompt_logprobs
+            group.reported_prompt = True
         return RequestOutput(
             request_id=group.request_id,
             prompt=group.prompt,
             prompt_token_ids=group.prompt_token_ids,
             outputs=completions,
             finished=group.finished,
-            prompt_logprobs=group.children[0].prompt_logprobs,
+            prompt_logprobs=prompt_logprobs,
             num_cached_tokens=group.num_cached_tokens,
             error=errors[0] if errors else None,
         )

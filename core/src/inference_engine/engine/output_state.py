@@ -74,6 +74,9 @@ class SequenceState:
     prompt_logprobs: list[dict[int, Any] | None] | None = None
     # Stop-string tails of the text, when the request has stop strings.
     stop_prefixes: StopPrefixes | None = None
+    # Characters and tokens already reported (outputs of RequestOutputKind.DELTA requests).
+    reported_chars: int = 0
+    reported_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.request.params.logprobs is not None and self.logprobs is None:
@@ -99,6 +102,10 @@ class RequestGroup:
     # Report only the finished output (offline generate): no per-step outputs, and text
     # detokenized once at the end unless stop strings need it as it grows.
     final_only: bool = False
+    # Report only what is new since the previous output (RequestOutputKind.DELTA).
+    delta: bool = False
+    # Whether the prompt logprobs went out already (a delta request reports them once).
+    reported_prompt: bool = False
 
     @property
     def finished(self) -> bool:
