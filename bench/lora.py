@@ -6,7 +6,9 @@ Same model and requests as ``bench/offline_throughput.py`` (random Qwen3 shape, 
 are random peft adapters of rank 16 on q/k/v/o and gate/up/down. Rows: LoRA off; LoRA on
 with no request using an adapter; every request on one adapter; requests spread round-robin
 over 4 adapters (``max_loras=4``, so all run in the same steps). Issue 29's target: 4
-adapters at most 25 % slower than none, on CPU.
+adapters at most 25 % slower than none, on CPU. End-to-end rows swing with the machine's
+load, so the script also times the linear layers of one 64-token decode step alone: their
+base products against the LoRA deltas with 1 and with 4 adapters (best of 30).
 
 Run:  OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/lora.py
 """
@@ -34,6 +36,38 @@ def throughput(llm: LLM, prompts: list[list[int]], new_tokens: int,
     return sum(len(o.outputs[0].token_ids) for o in outs) / elapsed
 
 
+def linear_cost(llm: LLM, adapters: list[LoRARequest], num_tokens: int,
+                reps: int = 30) -> tuple[float, float]:
+    """(ms of every LoRA-wrapped linear layer's base product, ms of their deltas) for a
+    ``num_tokens``-token decode batch spread round-robin over ``adapters``; the best of
+    ``reps`` timings each, so other jobs on the machine matter less than in the end-to-end
+    rows."""
+    manager = llm.engine.lora
+    loaded = [manager.load(r) for r in adapters]
+    manager.prepare_step([loaded[i % len(loaded)] for i in range(num_tokens)], [1] * num_tokens)
+    layers = [slots.layer for slots in manager.slots.values()]
+    inputs = [torch.randn(num_tokens, layer.input_size, dtype=llm.engine.dtype)
+              for layer in layers]
+
+    def best(fn) -> float:
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return 1e3 * min(times)
+
+    with torch.inference_mode():
+        outs = [layer.quant_method.apply(layer, x, layer.bias)
+                for layer, x in zip(layers, inputs, strict=True)]
+        base = best(lambda: [layer.quant_method.apply(layer, x, layer.bias)
+                             for layer, x in zip(layers, inputs, strict=True)])
+        delta = best(lambda: [layer.lora.add_delta(x, out)
+                              for layer, x, out in zip(layers, inputs, outs, strict=True)])
+    manager.prepare_step([], [])
+    return base, delta
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-requests", type=int, default=64)
@@ -53,23 +87,30 @@ def main() -> None:
             target_modules=ALL_TARGETS))) for i in range(4)]
         results = {}
         plain = LLM(base, dtype="bfloat16", show_progress=False, enable_prefix_caching=False)
-        throughput(plain, prompts[:4], 8, [None] * 4)  # warm-up
+        # Warm-up over every prompt: oneDNN builds a GEMM per new row count, once per process,
+        # which would otherwise be charged to whichever case ran first.
+        throughput(plain, prompts, 4, [None] * n)
         results["LoRA off"] = throughput(plain, prompts, args.output_tokens, [None] * n)
         print(f"  LoRA off: {results['LoRA off']:.1f} tok/s", flush=True)
         del plain
         llm = LLM(base, dtype="bfloat16", show_progress=False, enable_prefix_caching=False,
                   enable_lora=True, max_loras=4, max_lora_rank=args.rank)
-        throughput(llm, prompts[:4], 8, adapters)  # warm-up, every adapter read once
+        throughput(llm, prompts, 4, [adapters[i % 4] for i in range(n)])  # warm-up
         cases = {"LoRA on, no adapter used": [None] * n,
                  "1 adapter (all requests)": [adapters[0]] * n,
                  "4 adapters (round-robin)": [adapters[i % 4] for i in range(n)]}
         for name, loras in cases.items():
             results[name] = throughput(llm, prompts, args.output_tokens, loras)
             print(f"  {name}: {results[name]:.1f} tok/s", flush=True)
+        costs = {k: linear_cost(llm, adapters[:k], args.num_requests) for k in (1, 4)}
     base_rate = results["LoRA off"]
-    print("\none run each (64 requests x 128 tokens)")
+    print(f"\none run each ({n} requests x {args.output_tokens} tokens)")
     for name, value in results.items():
         print(f"{name:28s} {value:9.1f} tok/s  {100 * (value / base_rate - 1):+6.1f} %")
+    print(f"\nlinear layers of one {args.num_requests}-token decode step (best of 30):")
+    for count, (base_ms, delta_ms) in costs.items():
+        print(f"  {count} adapter(s): base products {base_ms:.2f} ms, LoRA deltas "
+              f"{delta_ms:.2f} ms (+{100 * delta_ms / base_ms:.1f} %)")
 
 
 if __name__ == "__main__":
