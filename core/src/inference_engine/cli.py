@@ -13,12 +13,14 @@ from inference_engine.cli_options import (
     EnableLoRAOption,
     EnforceEagerOption,
     GpuMemoryUtilizationOption,
+    HfOverridesOption,
+    IndexerDtypeOption,
     LoRAModulesOption,
     MaxCpuLoRAsOption,
     MaxLoRARankOption,
     MaxLoRAsOption,
 )
-from inference_engine.cli_values import parse_key_values
+from inference_engine.cli_values import model_config_overrides, parse_key_values
 
 from inference_engine import __version__
 
@@ -129,6 +131,8 @@ def generate(
     device_ids: Annotated[Optional[str], typer.Option(
         help="Device index to use, e.g. 1 (CUDA_VISIBLE_DEVICES is not touched).")] = None,
     platform: Annotated[Optional[str], typer.Option(help="Force a platform by name.")] = None,
+    hf_overrides: HfOverridesOption = None,
+    indexer_dtype: IndexerDtypeOption = None,
 ) -> None:
     """Generate completions for one or more prompts, batched together."""
     model = _model_or_demo(model, "--model PATH")
@@ -145,7 +149,8 @@ def generate(
                   kv_cache_memory=kv_cache_memory, show_progress=not as_json,
                   quantization=quantization, dequantize_at_load=dequantize_at_load,
                   quant_options=parse_key_values(quant_option, "--quant-option"),
-                  device_ids=device_ids, platform=platform)
+                  device_ids=device_ids, platform=platform,
+                  hf_overrides=model_config_overrides(hf_overrides, indexer_dtype))
         outputs = llm.generate(list(prompt), params, use_tqdm=not as_json)
     except (ValueError, UnknownNameError, OSError, TypeError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -245,6 +250,8 @@ def serve(
         help="Tokenizer folder; default: the model's own.")] = None,
     trust_remote_code: Annotated[bool, typer.Option(
         help="Run the configuration code a model folder ships (config.json auto_map).")] = False,
+    hf_overrides: HfOverridesOption = None,
+    indexer_dtype: IndexerDtypeOption = None,
     generation_config: Annotated[str, typer.Option(
         help="Request sampling defaults: auto (the model's generation_config.json), vllm "
              "(none) or a folder holding a generation_config.json.")] = "auto",
@@ -332,7 +339,8 @@ def serve(
             quantization=quantization, dequantize_at_load=dequantize_at_load,
             quant_options=parse_key_values(quant_option, "--quant-option"),
             enable_lora=enable_lora, max_loras=max_loras, max_lora_rank=max_lora_rank,
-            max_cpu_loras=max_cpu_loras)
+            max_cpu_loras=max_cpu_loras,
+            hf_overrides=model_config_overrides(hf_overrides, indexer_dtype))
         run_server(engine_config, server_config)
     except (ValueError, UnknownNameError, OSError, TypeError) as exc:
         typer.echo(f"error: {exc}", err=True)

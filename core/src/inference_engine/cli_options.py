@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 __all__ = ["AsyncSchedulingOption", "EnableLoRAOption", "EnforceEagerOption",
-           "GpuMemoryUtilizationOption", "LoRAModulesOption", "MaxCpuLoRAsOption",
-           "MaxLoRARankOption", "MaxLoRAsOption"]
+           "GpuMemoryUtilizationOption", "HfOverridesOption", "IndexerDtypeOption",
+           "LoRAModulesOption", "MaxCpuLoRAsOption", "MaxLoRARankOption", "MaxLoRAsOption"]
 
 GpuMemoryUtilizationOption = Annotated[float, typer.Option(
     min=0.0, max=1.0, help="Fraction of GPU memory the engine may use; the KV cache gets "
@@ -18,6 +18,12 @@ EnforceEagerOption = Annotated[bool, typer.Option(
 AsyncSchedulingOption = Annotated[Optional[bool], typer.Option(  # noqa: UP045 - typer needs Optional
     help="Launch each step before the previous one's tokens are read back; default: on for "
          "GPUs, off on CPU.")]
+HfOverridesOption = Annotated[Optional[str], typer.Option(  # noqa: UP045
+    help="JSON object of config.json values to replace before the model is built, e.g. "
+         "'{\"indexer_dtype\": \"fp8\"}'.")]
+IndexerDtypeOption = Annotated[Optional[str], typer.Option(  # noqa: UP045
+    help="Sparse-attention indexer keys (DeepSeek-V3.2, GLM-5, MiniMax-M3): auto (fp8 with an "
+         "fp8 KV cache, else the model's dtype), fp8 or model; default: the checkpoint's.")]
 EnableLoRAOption = Annotated[bool, typer.Option(
     help="Serve LoRA adapters (PEFT format) beside the base model.")]
 LoRAModulesOption = Annotated[Optional[list[str]], typer.Option(  # noqa: UP045

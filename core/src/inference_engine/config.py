@@ -146,8 +146,15 @@ class ModelConfig:
     enforce_eager: bool = False
     # Base seed for requests that set no seed of their own.
     seed: int = 0
+    # Values that replace the checkpoint's config.json entries before the model is built
+    # (vLLM's --hf-overrides), e.g. {"indexer_dtype": "fp8"}.
+    hf_overrides: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.hf_overrides, dict) or not all(
+                isinstance(k, str) for k in self.hf_overrides):
+            raise ValueError("--hf-overrides must be a JSON object of config keys, got "
+                             f"{self.hf_overrides!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:

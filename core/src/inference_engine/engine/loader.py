@@ -123,7 +123,18 @@ def detect_format(path: str) -> str:
 
 
 def _hf_config(config_dict: dict[str, Any], path: str = "",
-               trust_remote_code: bool = False) -> Any:
+               trust_remote_code: bool = False,
+               overrides: dict[str, Any] | None = None) -> Any:
+    """The transformers config of ``config_dict`` with ``overrides`` (--hf-overrides) applied."""
+    overrides = overrides or {}
+    config = _checkpoint_config({**config_dict, **overrides}, path, trust_remote_code)
+    for key, value in overrides.items():  # remote-code configs read the file, not the dict
+        setattr(config, key, value)
+    return config
+
+
+def _checkpoint_config(config_dict: dict[str, Any], path: str,
+                       trust_remote_code: bool) -> Any:
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -182,7 +193,8 @@ def load_model(
     registry = get_plugins().registry
     path = resolve_model_path(model_config.model)
     fmt = registry.resolve("weight_formats", detect_format(path))(path)
-    hf_config = _hf_config(fmt.load_config(), path, model_config.trust_remote_code)
+    hf_config = _hf_config(fmt.load_config(), path, model_config.trust_remote_code,
+                           model_config.hf_overrides)
     architectures = getattr(hf_config, "architectures", None) or []
     if not architectures:
         raise ValueError(f"config.json of {path} lists no architectures")
