@@ -1,7 +1,7 @@
 """MoE architectures end to end: transformers -> GGUF (llama.cpp's layout) -> the engine.
 
-For granitemoe, deepseek2 (MLA), glm4moe (with an MTP block to skip), minimax-m2 and
-gpt-oss: a tiny random transformers model is exported by
+For granitemoe, deepseek2 (MLA; DeepSeek-V2 and V3), glm4moe (with an MTP block to
+skip), minimax-m2 and gpt-oss: a tiny random transformers model is exported by
 :func:`~inference_engine_gguf.export.export_to_gguf` and loaded by ``LLM``. The
 reference is the transformers model holding exactly the values the file stores
 (dequantized by the ``gguf`` package). Last-position logits of a prefill batch
@@ -46,6 +46,13 @@ ARCHS = {
         first_k_dense_replace=1, kv_lora_rank=128, q_lora_rank=None, qk_rope_head_dim=32,
         qk_nope_head_dim=32, v_head_dim=64, head_dim=32, routed_scaling_factor=1.5,
         topk_method="greedy", norm_topk_prob=False), "deepseek2", "mlp"),
+    # llama.cpp writes DeepSeek-V3 as deepseek2 (sigmoid gating, exp_probs_b).
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
+        num_key_value_heads=4, intermediate_size=512, moe_intermediate_size=256,
+        n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+        first_k_dense_replace=1, kv_lora_rank=128, q_lora_rank=128, qk_rope_head_dim=32,
+        qk_nope_head_dim=32, v_head_dim=64, head_dim=32, routed_scaling_factor=2.5,
+        n_group=2, topk_group=1, norm_topk_prob=True), "deepseek2", "mlp"),
     "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM", dict(
         intermediate_size=512, moe_intermediate_size=256, n_routed_experts=4,
         num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
@@ -93,6 +100,8 @@ CASES = {
                              original_max_position_embeddings=64, beta_fast=32.0,
                              beta_slow=1.0, mscale=0.707, mscale_all_dim=0.707))),
     "deepseek2-F16-whole-kv_b": ("deepseek_v2", T.F16, {}),
+    "deepseek3-F16": ("deepseek_v3", T.F16, {}),
+    "deepseek3-Q8_0": ("deepseek_v3", T.Q8_0, {}),
     "glm4moe-F16": ("glm4_moe", T.F16, {}),
     "glm4moe-Q4_K": ("glm4_moe", k_quant(T.Q4_K), {}),
     "minimax-m2-F16": ("minimax_m2", T.F16, {}),

@@ -213,6 +213,12 @@ def _deepseek2(w: GGUFWriter, hp: Hparams) -> None:
     _deepseek2_common(w, hp)
 
 
+def _deepseek3_prepare(hp: Hparams) -> None:
+    # DeepSeek-V3 routes with sigmoid scores and a correction bias (noaux_tc).
+    hp["scoring_func"] = "sigmoid"
+    _deepseek2_prepare(hp)
+
+
 def _deepseek2_before_split_prepare(hp: Hparams) -> None:
     hp.setdefault("scoring_func", "softmax")
     hp.pop("head_dim", None)
@@ -312,6 +318,13 @@ ARCH_LAYOUTS: dict[str, ArchLayout] = {
                 (r"block_sparse_moe\.router\.weight", _rename("ffn_gate_inp.weight")))),
     "deepseek_v2": ArchLayout(
         gguf.MODEL_ARCH.DEEPSEEK2, _deepseek2, _deepseek2_prepare,
+        splits=(*((rf"mlp\.{p}", s) for p, s in STACKED_EXPERTS),
+                (r"self_attn\.kv_b_proj\.weight",
+                 Split(("attn_k_b.weight", "attn_v_b.weight"), _split_kv_b, _join_kv_b)),
+                _CORRECTION_BIAS)),
+    # llama.cpp writes DeepSeek-V3 with the deepseek2 architecture and layout.
+    "deepseek_v3": ArchLayout(
+        gguf.MODEL_ARCH.DEEPSEEK2, _deepseek2, _deepseek3_prepare,
         splits=(*((rf"mlp\.{p}", s) for p, s in STACKED_EXPERTS),
                 (r"self_attn\.kv_b_proj\.weight",
                  Split(("attn_k_b.weight", "attn_v_b.weight"), _split_kv_b, _join_kv_b)),

@@ -14,7 +14,8 @@ and is undone here or in the weight format:
 
 - ``llama`` and ``granitemoe``: q/k rows permuted from rotate-half to
   interleaved pairs (:func:`~inference_engine_gguf.tensor_names.unpermute_rows`).
-- ``deepseek2``: MLA written as MQA: ``head_count_kv`` is 1 and
+- ``deepseek2`` (DeepSeek-V2, and V3/R1 with sigmoid gating and ``exp_probs_b``): MLA
+  written as MQA: ``head_count_kv`` is 1 and
   ``key_length``/``value_length`` are the latent sizes (the per-head sizes are
   ``key_length_mla``/``value_length_mla``); ``kv_b_proj`` split into
   ``attn_k_b`` (transposed) and ``attn_v_b``.
@@ -154,10 +155,20 @@ def _routed_experts(meta: _Meta) -> dict[str, Any]:
 
 
 def _deepseek2(meta: _Meta, config: dict[str, Any]) -> None:
-    """MLA sizes from the ``*_mla`` keys (or the older per-head ``key_length``)."""
-    _gating(meta, ExpertGatingFuncType.SOFTMAX, ExpertGatingFuncType.SOFTMAX)
-    if any(name.endswith(".exp_probs_b.bias") for name in meta.gguf.tensors):
-        raise meta.unsupported("a DeepSeek-V3-style routing correction bias (exp_probs_b)")
+    """MLA sizes from the ``*_mla`` keys (or the older per-head ``key_length``).
+
+    llama.cpp writes DeepSeek-V3 (and R1) as ``deepseek2`` too: sigmoid expert gating
+    and a routing correction bias (``exp_probs_b``) tell it apart, and it becomes the
+    registered ``DeepseekV3ForCausalLM`` (noaux_tc routing)."""
+    gating = meta.key("expert_gating_func")
+    v3 = (gating is not None and ExpertGatingFuncType(int(gating)) == ExpertGatingFuncType.SIGMOID
+          ) or any(name.endswith(".exp_probs_b.bias") for name in meta.gguf.tensors)
+    if v3:
+        _gating(meta, ExpertGatingFuncType.SIGMOID, ExpertGatingFuncType.SIGMOID)
+        config.update(model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"],
+                      scoring_func="sigmoid")
+    else:
+        _gating(meta, ExpertGatingFuncType.SOFTMAX, ExpertGatingFuncType.SOFTMAX)
     heads = config["num_attention_heads"]
     rope = int(meta.need("rope.dimension_count"))
     key_mla = meta.key("attention.key_length_mla")
@@ -175,7 +186,8 @@ def _deepseek2(meta: _Meta, config: dict[str, Any]) -> None:
         qk_rope_head_dim=rope, qk_nope_head_dim=nope, v_head_dim=v_dim,
         qk_head_dim=nope + rope, head_dim=rope,
         **_routed_experts(meta),
-        topk_method="group_limited_greedy" if _groups(meta)[0] > 1 else "greedy",
+        topk_method="noaux_tc" if v3 else (
+            "group_limited_greedy" if _groups(meta)[0] > 1 else "greedy"),
         attention_bias=False)
     log_mul = meta.key("rope.scaling.yarn_log_multiplier")
     scaling = config.get("rope_scaling")
@@ -246,7 +258,7 @@ ARCHITECTURES: dict[str, ArchitectureSpec] = {
     "qwen3moe": ArchitectureSpec("qwen3_moe", "Qwen3MoeForCausalLM", read_hparams=_qwen3moe),
     "granitemoe": ArchitectureSpec("granitemoe", "GraniteMoeForCausalLM", permutes_qk=True,
                                    mlp_name="block_sparse_moe", read_hparams=_granitemoe),
-    "deepseek2": ArchitectureSpec("deepseek_v2", "DeepseekV2ForCausalLM",
+    "deepseek2": ArchitectureSpec("deepseek_v2", "DeepseekV2ForCausalLM", correction_bias="gate",
                                   read_hparams=_deepseek2),
     "glm4moe": ArchitectureSpec("glm4_moe", "Glm4MoeForCausalLM", correction_bias="gate",
                                 read_hparams=_glm4moe),
