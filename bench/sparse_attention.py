@@ -94,7 +94,7 @@ def time_parts(layer: SparseMLAAttention, config: object, args: argparse.Namespa
             "whole sparse layer step": lambda: layer(hidden, rope, metadata),
         }
         if args.mla_dense:
-            parts["dense MLA decode (SDPA, absorbed)"] = lambda: layer._decode_absorbed(
+            parts["dense MLA decode (absorbed)"] = lambda: layer._decode_absorbed(
                 q_nope, q_pe, cache, metadata)
         times = {}
         for name, fn in parts.items():
