@@ -153,3 +153,24 @@ class AttentionBackend(ABC):
                 ``[num_blocks, block_size, num_kv_heads, head_dim]``.
             metadata: the step's batch layout.
         """
+
+    def forward_prefix_block(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """"Cached prefix + bidirectional block" mode (block diffusion's denoiser): each
+        sequence's queries attend its cached prefix and, non-causally, the whole block;
+        the block's ``key``/``value`` are scratch and nothing is written to the cache.
+
+        ``metadata.seq_lens_list`` holds the cached prefix lengths (the block excluded).
+        The default gathers each prefix and runs SDPA (any backend's cache layout is the
+        pool's); a backend may override it with a kernel.
+        """
+        from inference_engine.builtin.attention.prefix_block import attend_prefix_block
+
+        return attend_prefix_block(query, key, value, kv_cache, metadata, self.scale,
+                                   self.sliding_window, self.k_scale, self.v_scale)
