@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from inference_engine.engine.state_cache import StateSlotManager
 from inference_engine.interfaces.attention import KVCacheSpec
 
 __all__ = ["BlockManager", "KVCachePool", "NoFreeBlocksError", "PrefixCacheStats"]
@@ -148,6 +149,9 @@ class BlockManager:
         self.req_blocks: dict[str, list[int]] = {}
         self._req_hashes: dict[str, list[int]] = {}
         self.stats = PrefixCacheStats()
+        # Per-sequence state slots (hybrid models): a request takes one with its first
+        # blocks and gives it back with them. None: the model keeps no such state.
+        self.state_slots: StateSlotManager | None = None
 
     # ---- capacity -------------------------------------------------------
     @property
@@ -238,15 +242,21 @@ class BlockManager:
         need = self.blocks_needed(request_id, num_tokens)
         if need > self.num_free_blocks:
             return False
+        if self.state_slots is not None and not self.state_slots.can_allocate(request_id):
+            return False
         table = self.req_blocks.setdefault(request_id, [])
         for _ in range(need):
             table.append(self._take_block())
+        if self.state_slots is not None:
+            self.state_slots.allocate(request_id)
         return True
 
     def free(self, request_id: str) -> None:
         """Release the request's blocks; cached ones stay findable until evicted."""
         blocks = self.req_blocks.pop(request_id, [])
         self._req_hashes.pop(request_id, None)
+        if self.state_slots is not None:
+            self.state_slots.free(request_id)
         # Tail blocks first, so the least useful part of a prefix is evicted first.
         for block in reversed(blocks):
             self._ref[block] -= 1

@@ -18,6 +18,7 @@ from inference_engine.engine.model_runner import ModelRunner, StepBatch
 from inference_engine.engine.output_state import RequestGroup, SequenceState
 from inference_engine.engine.request import FinishReason, Request, RequestStatus
 from inference_engine.engine.scheduler import Scheduler, SchedulerOutput
+from inference_engine.engine.state_cache import StateSlotManager, state_capacity_message
 from inference_engine.interfaces.platform import MemoryProfiler
 from inference_engine.lora.request import LoRARequest
 from inference_engine.outputs import CompletionOutput, RequestOutput
@@ -88,14 +89,26 @@ class LLMEngine:
             # A step's adapter groups change from step to step: no captured graphs.
             enforce_eager=config.model.enforce_eager or self.lora is not None,
         )
+        # Hybrid models: a per-sequence state slot for every request that can run at once,
+        # allocated before the KV pool is sized (it comes out of the same budget).
+        state_pool = self.runner.allocate_state_cache(sched.max_num_seqs)
+        self._state_cache_bytes = state_pool.num_bytes if state_pool is not None else 0
         bytes_per_block = KVCachePool.bytes_per_block_for(self.runner.kv_cache_specs(), block_size)
         num_blocks = self._num_blocks(bytes_per_block)
         pool = self.runner.allocate_kv_cache(num_blocks)
         self.capacity_message = log_capacity(num_blocks, block_size, pool.bytes_per_block,
                                              [spec.dtype for spec in pool.specs],
                                              self.max_model_len, pool.fault_in_seconds)
+        if state_pool is not None:
+            self.capacity_message += "; " + state_capacity_message(state_pool)
         self.graphs_message = self.runner.capture_decode_graphs()
-        self.blocks = BlockManager(num_blocks, block_size, config.cache.enable_prefix_caching)
+        # Prefix caching is off for models with per-sequence state: a cached block's K/V
+        # would not bring back the recurrent state after it (no per-block snapshots).
+        self.blocks = BlockManager(num_blocks, block_size,
+                                   config.cache.enable_prefix_caching and state_pool is None)
+        self.state_slots = (StateSlotManager(state_pool.num_slots)
+                            if state_pool is not None else None)
+        self.blocks.state_slots = self.state_slots
         self.scheduler = Scheduler(sched, self.blocks, self.max_model_len)
         if self.lora is not None:
             self.scheduler.max_loras = config.lora.max_loras
@@ -138,7 +151,8 @@ class LLMEngine:
         elif memory is None:
             free, _total = self.platform.memory_info()
             memory = min(int(free * DEFAULT_KV_FRACTION), DEFAULT_KV_CAP) if free else 1 << 30
-        num_blocks = memory // bytes_per_block
+        # The per-sequence state pool (hybrid models) comes out of the same budget.
+        num_blocks = max(0, memory - self._state_cache_bytes) // bytes_per_block
         if self.config.cache.kv_cache_memory is None and profiler is None:
             # No point zero-filling more than every sequence at full length could use.
             per_seq = -(-self.max_model_len // self.config.cache.block_size)
@@ -432,6 +446,9 @@ class LLMEngine:
             out, None,
             previous.source_rows if previous is not None else None,
             previous.sampled if previous is not None else None)
+        if self.state_slots is not None:
+            batch.state_slots = [self.state_slots.slot(s.request.request_id)
+                                 for s in out.scheduled]
         if self.lora is not None:
             self.lora.prepare_step([s.request.lora for s in out.scheduled],
                                    [s.num_new_tokens for s in out.scheduled])

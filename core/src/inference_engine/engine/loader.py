@@ -135,7 +135,7 @@ def _hf_config(config_dict: dict[str, Any], path: str = "",
 
 def _checkpoint_config(config_dict: dict[str, Any], path: str,
                        trust_remote_code: bool) -> Any:
-    from transformers import AutoConfig
+    from transformers import AutoConfig, PretrainedConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     model_type = config_dict.get("model_type")
@@ -150,6 +150,9 @@ def _checkpoint_config(config_dict: dict[str, Any], path: str,
                              f"(trust_remote_code=True) to run it")
         return AutoConfig.from_pretrained(path, trust_remote_code=True)
     rest = {k: v for k, v in config_dict.items() if k != "model_type"}
+    # transformers writes non-finite floats as {"__float__": "Infinity"} (Nemotron-H's
+    # time_step_limit) and decodes them when it reads a config file; so do we.
+    rest = PretrainedConfig._decode_special_floats(rest)
     try:
         return AutoConfig.for_model(model_type, **rest)
     except ValueError as exc:

@@ -26,6 +26,7 @@ import torch
 
 from inference_engine.engine.kv_cache import KVCachePool
 from inference_engine.engine.scheduler import SchedulerOutput
+from inference_engine.engine.state_cache import StateCachePool, state_layers
 from inference_engine.engine.step_inputs import StepInputBuffers
 from inference_engine.interfaces.attention import AttentionMetadata, KVCacheSpec
 from inference_engine.interfaces.model import CausalLM
@@ -68,6 +69,9 @@ class StepBatch:
     pending_rows: list[tuple[int, int]] = field(default_factory=list)
     # That step's sampled ids, ``[rows]`` int64 on the device.
     pending_ids: torch.Tensor | None = None
+    # Per sequence: its slot of the per-sequence state pool (hybrid models); None: the
+    # sequences' own indices (a profiling step) or no state pool.
+    state_slots: list[int] | None = None
 
     @classmethod
     def from_scheduler(cls, out: SchedulerOutput,
@@ -154,6 +158,9 @@ class ModelRunner:
         self.max_num_seqs = max_num_seqs
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         self.layers = attention_layers(model)
+        # Layers with per-sequence state (Mamba-2) and their pool, once allocated.
+        self.state_layers = state_layers(model)
+        self.state_pool: StateCachePool | None = None
         self.pool: KVCachePool | None = None
         self.enforce_eager = enforce_eager
         self.buffers = StepInputBuffers(max_num_batched_tokens + max_num_seqs, max_num_seqs,
@@ -183,13 +190,33 @@ class ModelRunner:
         self.pool = None
         self.model.kv_cache_bound()
 
+    def allocate_state_cache(self, num_slots: int) -> StateCachePool | None:
+        """Allocate the per-sequence state pool and bind each state layer's tensors; None (and
+        nothing allocated) for a model without state layers."""
+        if not self.state_layers:
+            return None
+        specs = [layer.state_cache_spec() for layer in self.state_layers]
+        self.state_pool = StateCachePool(specs, num_slots, self.device)
+        for layer, tensors in zip(self.state_layers, self.state_pool.layer_tensors, strict=True):
+            layer.state_cache = tensors
+        return self.state_pool
+
+    def _state_slots(self, batch: StepBatch) -> torch.Tensor | None:
+        """The step's ``[num_seqs]`` state slots on the device (None without a state pool)."""
+        if self.state_pool is None:
+            return None
+        slots = (batch.state_slots if batch.state_slots is not None
+                 else range(len(batch.query_lens)))
+        return torch.tensor(list(slots), dtype=torch.int64).to(self.device, non_blocking=True)
+
     def graphs_possible(self) -> tuple[bool, str]:
         """Whether decode steps can be captured here, and if not why."""
         if self.enforce_eager:
             return False, "enforce_eager is set"
         if not self.platform.supports_graph_capture():
             return False, f"the {self.platform.name} platform cannot capture graphs"
-        unsafe = sorted({_graph_unsafe_name(layer) for layer in self.layers} - {None})
+        unsafe = sorted({_graph_unsafe_name(layer)
+                         for layer in [*self.layers, *self.state_layers]} - {None})
         if unsafe:
             return False, f"{', '.join(unsafe)} not graph-safe"
         return True, ""
@@ -305,6 +332,7 @@ class ModelRunner:
             max_decode_seq_len=max(seq_lens[:num_decodes], default=0),
             max_query_len=max(batch.query_lens),
             max_seq_len=max(seq_lens),
+            state_slots=self._state_slots(batch),
         )
 
     def _pad_rows(self, start: int, size: int) -> None:

@@ -72,6 +72,9 @@ class AttentionMetadata:
     # Whether this step runs inside graph capture/replay: the rows past the real batch are
     # padding (query length 1, context length 0, slot -1) and must write nothing.
     is_graph_step: bool = False
+    # [num_seqs] int64 each sequence's slot of the per-sequence state pool (layers that declare
+    # a StateCacheSpec read it); None when the model has no such layer.
+    state_slots: torch.Tensor | None = None
     # Scratch for tensors a backend derives from this step's layout once and
     # reuses in every layer (keyed by the backend; cleared with the step).
     backend_cache: dict[str, Any] = field(default_factory=dict)

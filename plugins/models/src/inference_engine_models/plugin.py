@@ -31,6 +31,8 @@ def ie_register_models() -> list[Spec]:
              "DeepSeek-V3.2 (DSA: lightning indexer, top-k sparse MLA)"),
         Spec("GlmMoeDsaForCausalLM", f"{base}.glm_moe_dsa:GlmMoeDsaForCausalLM",
              "GLM-5 (DSA sparse MLA, indexer shared across layers)"),
+        Spec("NemotronHForCausalLM", f"{base}.nemotron_h:NemotronHForCausalLM",
+             "Nemotron-H / Nemotron 3 (Mamba-2, attention, relu2 MoE and MLP hybrid)"),
         Spec("MiniMaxM3VLForCausalLM", f"{base}.minimax_m3:MiniMaxM3VLForCausalLM",
              "MiniMax-M3 text (MSA block-sparse GQA layers, SwiGLU-OAI sigmoid-routed MoE)"),
         Spec("DiffusionGemmaForBlockDiffusion",
