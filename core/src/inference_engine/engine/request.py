@@ -57,6 +57,9 @@ class Request:
     # The LoRA adapter it runs with (``inference_engine.lora.adapter.LoRAAdapter``); None:
     # the base model.
     lora: Any = None
+    # Block diffusion (``inference_engine.diffusion.DiffusionState``): its canvas and denoising
+    # state; None for an autoregressive request.
+    diffusion: Any = None
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

@@ -24,6 +24,9 @@ class ScheduledRequest:
     samples: bool
     # The request's physical KV blocks (the block manager's list for it).
     block_ids: list[int] = field(default_factory=list)
+    # Block diffusion DENOISE: one decoder pass over the request's canvas (``num_new_tokens``
+    # is the canvas length, charged to the budget); nothing is written to the cache.
+    is_denoise: bool = False
 
 
 @dataclass
@@ -129,6 +132,15 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             remaining = request.num_tokens - request.num_computed_tokens
+            if request.diffusion is not None and remaining == 0:
+                # Block diffusion with every token cached: DENOISE its canvas (C queries of
+                # budget, no new slots: the canvas K/V are scratch), or wait for budget.
+                canvas = request.diffusion.canvas_length
+                if canvas <= budget:
+                    scheduled.append(ScheduledRequest(request, canvas, False, is_denoise=True))
+                    budget -= canvas
+                i += 1
+                continue
             if request.num_pending_tokens and (remaining == 0 or request.will_stop_by_length()):
                 # Async scheduling: its last token is still on the device and ends it.
                 i += 1
@@ -194,6 +206,9 @@ class Scheduler:
             budget -= num_new
         self.waiting.extendleft(reversed(lora_skipped))
 
+        for s in scheduled:
+            if s.request.diffusion is not None:
+                s.samples = False  # block diffusion samples in DENOISE, not after ENCODE
         scheduled.sort(key=lambda s: s.num_new_tokens != 1)
         for s in scheduled:
             s.block_ids = self.blocks.req_blocks[s.request.request_id]
@@ -220,7 +235,7 @@ class Scheduler:
         """Advance computed counts and register newly full blocks for prefix reuse."""
         for s in out.scheduled:
             request = s.request
-            if request.is_finished:
+            if request.is_finished or s.is_denoise:
                 continue
             request.num_computed_tokens += s.num_new_tokens
             self.blocks.cache_full_blocks(

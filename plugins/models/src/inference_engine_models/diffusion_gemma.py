@@ -19,6 +19,7 @@ inputs are refused (their token id in a prompt is an error).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
@@ -287,12 +288,14 @@ class DiffusionGemmaForBlockDiffusion(BlockDiffusionLM):
     """The text path of transformers' ``DiffusionGemmaForBlockDiffusion``."""
 
     def __init__(self, ctx: ModelContext) -> None:
-        super().__init__(ctx)
         config = _text_config(ctx.hf_config)
-        self.config = config
         self.canvas_length = int(getattr(ctx.hf_config, "canvas_length", None) or 256)
-        self.pad_token_id = int(config.pad_token_id or 0)
         self.image_token_id = getattr(ctx.hf_config, "image_token_id", None)
+        # The engine reads the text config (vocab_size, eos...) through ``ctx.hf_config``.
+        ctx = dataclasses.replace(ctx, hf_config=config)
+        super().__init__(ctx)
+        self.config = config
+        self.pad_token_id = int(config.pad_token_id or 0)
         self.vocab_size = config.vocab_size
         self.hidden_size = config.hidden_size
         self.embed_scale = config.hidden_size ** 0.5
