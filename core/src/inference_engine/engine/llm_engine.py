@@ -19,6 +19,7 @@ from inference_engine.engine.output_state import RequestGroup, SequenceState
 from inference_engine.engine.request import FinishReason, Request, RequestStatus
 from inference_engine.engine.scheduler import Scheduler, SchedulerOutput
 from inference_engine.engine.state_cache import StateSlotManager, state_capacity_message
+from inference_engine.interfaces.block_diffusion import BlockDiffusionLM
 from inference_engine.interfaces.platform import MemoryProfiler
 from inference_engine.lora.request import LoRARequest
 from inference_engine.outputs import CompletionOutput, RequestOutput
@@ -87,7 +88,10 @@ class LLMEngine:
             sched.max_num_seqs,
             sched.max_num_batched_tokens,
             # A step's adapter groups change from step to step: no captured graphs.
-            enforce_eager=config.model.enforce_eager or self.lora is not None,
+            # Block diffusion: the encoder's MoE reads routing counts on the host, and its
+            # denoise passes run eagerly in any case.
+            enforce_eager=config.model.enforce_eager or self.lora is not None
+            or isinstance(self.model, BlockDiffusionLM),
         )
         # Hybrid models: a per-sequence state slot for every request that can run at once,
         # allocated before the KV pool is sized (it comes out of the same budget).
@@ -110,6 +114,8 @@ class LLMEngine:
                             if state_pool is not None else None)
         self.blocks.state_slots = self.state_slots
         self.scheduler = Scheduler(sched, self.blocks, self.max_model_len)
+        # Block-diffusion models: the DENOISE phase of their requests; None otherwise.
+        self.diffusion = self._make_diffusion_stepper()
         if self.lora is not None:
             self.scheduler.max_loras = config.lora.max_loras
         from inference_engine.sampling.sampler import Sampler
@@ -142,6 +148,26 @@ class LLMEngine:
         from inference_engine.lora.manager import LoRAManager
 
         return LoRAManager(self.model, self.config.lora, self.platform.device(), self.dtype)
+
+    def _make_diffusion_stepper(self) -> Any:
+        """The denoise runner of a block-diffusion model, with the checkpoint's settings.
+
+        Raises:
+            ValueError: a canvas longer than the step's token budget (it could never run),
+                or a bad diffusion value in the generation config.
+        """
+        if not isinstance(self.model, BlockDiffusionLM):
+            return None
+        from inference_engine.diffusion import DiffusionSettings
+        from inference_engine.engine.diffusion_step import DiffusionStepper
+
+        budget = self.config.scheduler.max_num_batched_tokens
+        if self.model.canvas_length > budget:
+            raise ValueError(f"the model denoises canvases of {self.model.canvas_length} tokens; "
+                             f"max_num_batched_tokens ({budget}) must be at least that")
+        defaults = DiffusionSettings.from_generation_config(self.loaded.generation_config)
+        return DiffusionStepper(self.model, self.platform.device(), self.config.cache.block_size,
+                                defaults)
 
     def _num_blocks(self, bytes_per_block: int) -> int:
         memory = self.config.cache.kv_cache_memory
@@ -241,6 +267,8 @@ class LLMEngine:
         if bad:
             raise ValueError(f"prompt token ids outside the vocabulary [0, {vocab}): {bad[:8]}")
         params.update_from_tokenizer(self.tokenizer, vocab)
+        if self.diffusion is not None:
+            self._check_diffusion_request(params, token_ids)
         adapter = self._lora_adapter(lora_request)
         stop_ids = frozenset(params.stop_token_ids or ())
         eos = stop_ids if params.ignore_eos else self.eos_token_ids | stop_ids
@@ -259,6 +287,8 @@ class LLMEngine:
                 max_model_len=self.max_model_len,
                 lora=adapter,
             )
+            if self.diffusion is not None:
+                child.diffusion = self.diffusion.new_state(child_params)
             group.children.append(SequenceState(
                 child, group, index, self._detokenizer(token_ids, child_params)))
         self._groups[request_id] = group
@@ -267,6 +297,35 @@ class LLMEngine:
         for state in self.held.admit(group):
             self._submit(state.request)
         return request_id
+
+    def _check_diffusion_request(self, params: SamplingParams, token_ids: list[int]) -> None:
+        """Refuse, by name, what a block-diffusion request cannot do, and check its diffusion
+        settings (``extra_args``).
+
+        Raises:
+            ValueError: token-by-token sampling controls (logprobs, penalties, grammars...),
+                image tokens, or an unknown or bad diffusion setting.
+        """
+        unsupported = [name for name, used in (
+            ("logprobs", params.logprobs is not None),
+            ("prompt_logprobs", params.prompt_logprobs is not None),
+            ("structured_outputs", params.structured_outputs is not None),
+            ("repetition_penalty", params.repetition_penalty != 1.0),
+            ("presence_penalty", params.presence_penalty != 0.0),
+            ("frequency_penalty", params.frequency_penalty != 0.0),
+            ("logit_bias", bool(params.logit_bias)),
+            ("allowed_token_ids", params.allowed_token_ids is not None),
+            ("bad_words", bool(params.bad_words)),
+        ) if used]
+        if unsupported:
+            raise ValueError(f"{', '.join(unsupported)}: not supported by the block-diffusion "
+                             f"model {type(self.model).__name__} (blocks are denoised, not "
+                             f"sampled token by token); leave it out")
+        image_token = getattr(self.model, "image_token_id", None)
+        if image_token is not None and image_token in token_ids:
+            raise ValueError(f"image inputs are not supported by {type(self.model).__name__} "
+                             f"(text only): the prompt holds the image token {image_token}")
+        self.diffusion.defaults.with_overrides(params.extra_args)
 
     def _submit(self, request: Request) -> None:
         if request.params.structured_outputs is not None:
@@ -374,6 +433,10 @@ class LLMEngine:
             self._submit(state.request)
         self._admit_compiled(touched)
         out = self.scheduler.schedule()
+        # Block diffusion's DENOISE slots run apart from the flat forward (see _denoise).
+        denoise = [s for s in out.scheduled if s.is_denoise]
+        if denoise:
+            out.scheduled = [s for s in out.scheduled if not s.is_denoise]
         for request, error in out.failed:  # ended by the scheduler itself
             state = self._sequences[request.request_id]
             state.error = error
@@ -392,6 +455,8 @@ class LLMEngine:
                 self._in_flight = launched
             else:
                 self._process(launched, touched)
+        if denoise:
+            self._denoise(denoise, touched)
         for group in touched.values():
             if group.final_only and not group.finished:
                 continue
@@ -403,6 +468,20 @@ class LLMEngine:
                 and self.structured.num_waiting):
             self.structured.wait(timeout=0.05)  # nothing to run but grammars compiling
         return outputs
+
+    def _denoise(self, scheduled: list[Any], touched: dict[str, RequestGroup]) -> None:
+        """One decoder pass for each DENOISE slot; a block that finishes is COMMITted: its
+        ids are appended with the usual stop checks (EOS, stop strings, max_tokens) and
+        stream out; the scheduler then ENCODEs them (they are uncached tokens)."""
+        for request, token_ids in self.diffusion.run(scheduled):
+            state = self._sequences[request.request_id]
+            for token in token_ids:
+                if request.is_finished:
+                    break
+                request.append_token(token)
+                self.num_generated_tokens += 1
+                self._check_stop(state, token)
+            touched[state.group.request_id] = state.group
 
     def _admit_compiled(self, touched: dict[str, RequestGroup]) -> None:
         """Schedule the sequences whose grammar is compiled; fail those it could not."""
