@@ -269,6 +269,13 @@ class LLMEngine:
         params.update_from_tokenizer(self.tokenizer, vocab)
         if self.diffusion is not None:
             self._check_diffusion_request(params, token_ids)
+        elif params.extra_args:
+            from inference_engine.diffusion.settings import DIFFUSION_KEYS
+
+            misplaced = sorted(set(params.extra_args) & set(DIFFUSION_KEYS))
+            if misplaced:
+                raise ValueError(f"{', '.join(misplaced)}: block-diffusion settings; "
+                                 f"{type(self.model).__name__} is autoregressive")
         adapter = self._lora_adapter(lora_request)
         stop_ids = frozenset(params.stop_token_ids or ())
         eos = stop_ids if params.ignore_eos else self.eos_token_ids | stop_ids

@@ -104,6 +104,15 @@ class SamplingFields(_Body):
     # vLLM's fields accepted at their "off" value only.
     use_beam_search: bool = False
     priority: int = 0
+    # Block-diffusion settings (DiffusionGemma), per request; the engine refuses them for an
+    # autoregressive model. Sent through the OpenAI client's extra_body.
+    max_denoising_steps: int | None = None
+    entropy_bound: float | None = None
+    t_min: float | None = None
+    t_max: float | None = None
+    stability_threshold: int | None = None
+    confidence_threshold: float | None = None
+    start_canvas: str | None = None
 
     def check_common(self) -> None:
         if self.use_beam_search:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from inference_engine.diffusion.settings import DIFFUSION_KEYS
 from inference_engine.entrypoints.openai.errors import APIError
 from inference_engine.structured_output import StructuredOutputsParams
 
@@ -102,6 +103,11 @@ def extra_sampling_kwargs(body: Any) -> dict[str, Any]:
     structured = structured_outputs_of(body)
     if structured is not None:
         kwargs["structured_outputs"] = structured
+    # Block-diffusion settings travel in extra_args under their own names.
+    diffusion = {name: getattr(body, name) for name in DIFFUSION_KEYS
+                 if getattr(body, name, None) is not None}
+    if diffusion:
+        kwargs["extra_args"] = diffusion
     return kwargs
 
 
