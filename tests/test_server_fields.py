@@ -634,14 +634,36 @@ def test_tool_choice_required_and_named_are_forced(demo_client, stream):
         _check_calls(calls, names={"search"})
 
 
+def test_forced_calls_in_an_xml_format_through_the_engine():
+    """The demo model writes qwen3 JSON calls; served with the qwen3_coder parser, a forced
+    call must come out in qwen3_coder's XML (the grammar narrowed to its newlines) and be
+    read back with arguments that follow the strict schemas."""
+    proc = ServerProcess(DEMO_MODEL, "--enable-auto-tool-choice", "--tool-call-parser",
+                         "qwen3_coder", platform=TEST_PLATFORM)
+    try:
+        client = openai.OpenAI(base_url=proc.url + "/v1", api_key="unused", max_retries=0)
+        for seed, stream in [(0, False), (1, True)]:
+            named = {"type": "function", "function": {"name": "add"}}
+            calls, finish = _calls(client, stream, messages=[
+                {"role": "user", "content": "What is 2 plus 3?"}], tools=STRICT_TOOLS,
+                tool_choice=named, temperature=0.8, seed=seed, max_tokens=200)
+            assert finish == "tool_calls" and len(calls) == 1
+            _check_calls(calls, names={"add"})
+    finally:
+        assert proc.stop() == 0, proc.log()
+
+
 def test_strict_tools_need_a_format_that_can_be_forced():
     from inference_engine.entrypoints.openai.errors import APIError
     from inference_engine.entrypoints.openai.request_sampling import tool_call_constraint
-    from inference_engine_parsers.qwen3_coder import Qwen3CoderToolParser
+    from inference_engine_parsers.qwen3 import Qwen3ToolParser
+
+    class UnforceableToolParser(Qwen3ToolParser):  # a third-party format without a call_tag
+        call_tag = None
 
     with pytest.raises(APIError, match="strict"):
-        tool_call_constraint(Qwen3CoderToolParser, STRICT_TOOLS, "auto", None)
-    assert tool_call_constraint(Qwen3CoderToolParser, TOOLS, "required", None) is None
+        tool_call_constraint(UnforceableToolParser, STRICT_TOOLS, "auto", None)
+    assert tool_call_constraint(UnforceableToolParser, TOOLS, "required", None) is None
 
 
 WEATHER = {"type": "object", "additionalProperties": False,

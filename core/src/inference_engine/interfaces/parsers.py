@@ -34,19 +34,33 @@ class CallOpener:
 
 @dataclass(frozen=True, slots=True)
 class ToolCallTag:
-    """How a format writes one call whose arguments are a JSON object, so a grammar can
-    force calls (``tool_choice`` "required"/named, ``strict`` tools): ``begin`` (with
-    ``{name}`` where the function's name goes), the arguments object, then ``end``.
-    ``trigger`` is the prefix of ``begin`` that opens any call.
+    """How a format writes one call, so a grammar can force calls (``tool_choice``
+    "required"/named, ``strict`` tools): ``begin`` (with ``{name}`` where the function's
+    name goes), the arguments, then ``end``. ``trigger`` is the prefix of ``begin`` that
+    opens any call.
+
+    ``style`` is how the arguments are written, in xgrammar's names for a JSON schema's
+    ``style``: ``"json"`` (an object), ``"qwen_xml"`` (``<parameter=K>V</parameter>``),
+    ``"minimax_xml"`` (``<parameter name="K">V</parameter>``), ``"glm_xml"``
+    (``<arg_key>K</arg_key><arg_value>V</arg_value>``). ``name_in_json_string`` says the
+    name sits inside a JSON string (so it is JSON-escaped there). ``whitespace``, when set,
+    is the only whitespace the format's parser expects between the parts of the arguments
+    (around each value): xgrammar's XML styles allow any run of spaces, tabs and newlines
+    there while these parsers keep all but one newline of a value, so a value forced to an
+    enum could be read back with a tab in front; the grammar is narrowed to it.
     """
 
     begin: str
     end: str
     trigger: str
+    style: str = "json"
+    name_in_json_string: bool = True
+    whitespace: str | None = None
 
     def begin_for(self, name: str) -> str:
-        """``begin`` with ``name`` in place (JSON-escaped, as it sits in a JSON string)."""
-        return self.begin.replace("{name}", json.dumps(name)[1:-1])
+        """``begin`` with ``name`` in place (JSON-escaped where it sits in a JSON string)."""
+        return self.begin.replace(
+            "{name}", json.dumps(name)[1:-1] if self.name_in_json_string else name)
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from inference_engine.interfaces.parsers import CallOpener
+from inference_engine.interfaces.parsers import CallOpener, ToolCallTag
 from inference_engine.parsing import (
     Reader,
     Step,
@@ -44,6 +44,8 @@ class DeepSeekV31ToolParser(StreamingToolParser):
 
     openers = (CALLS_BEGIN,)
     call_openers = (CallOpener(CALLS_BEGIN),)
+    call_tag = ToolCallTag(CALLS_BEGIN + CALL_BEGIN + "{name}" + SEP, CALL_END + CALLS_END,
+                           CALLS_BEGIN, name_in_json_string=False)
 
     def parse_block(self, r: Reader, opener: str) -> Step:
         while True:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 
-from inference_engine.interfaces.parsers import CallOpener
+from inference_engine.interfaces.parsers import CallOpener, ToolCallTag
 from inference_engine.parsing import (
     MarkerSet,
     Reader,
@@ -25,6 +25,7 @@ from inference_engine.parsing import (
     skip_ws,
     until,
 )
+
 from inference_engine_parsers._values import glm_value
 
 __all__ = ["Glm45ToolParser", "Glm47ToolParser"]
@@ -39,6 +40,10 @@ class Glm45ToolParser(StreamingToolParser):
 
     openers = ("<tool_call>",)
     call_openers = (CallOpener("<tool_call>"),)
+    # Forced calls are written in the 4.7 layout (no whitespace between the tags), which
+    # both parsers read: the parser keeps a value's newlines, so none may surround it.
+    call_tag = ToolCallTag("<tool_call>{name}", "</tool_call>", "<tool_call>",
+                           style="glm_xml", name_in_json_string=False, whitespace="")
 
     def parse_block(self, r: Reader, opener: str) -> Step:
         yield from skip_ws(r)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 
-from inference_engine.interfaces.parsers import CallOpener
+from inference_engine.interfaces.parsers import CallOpener, ToolCallTag
 from inference_engine.parsing import (
     MarkerSet,
     Reader,
@@ -30,6 +30,7 @@ from inference_engine.parsing import (
     skip_ws,
     until,
 )
+
 from inference_engine_parsers._values import minimax_value
 
 __all__ = ["MiniMaxM2ToolParser"]
@@ -91,6 +92,9 @@ class MiniMaxM2ToolParser(StreamingToolParser):
 
     openers = ("<minimax:tool_call>",)
     call_openers = (CallOpener("<minimax:tool_call>"),)
+    call_tag = ToolCallTag('<minimax:tool_call>\n<invoke name="{name}">\n',
+                           "\n</invoke>\n</minimax:tool_call>", "<minimax:tool_call>",
+                           style="minimax_xml", name_in_json_string=False)
 
     def parse_block(self, r: Reader, opener: str) -> Step:
         while True:

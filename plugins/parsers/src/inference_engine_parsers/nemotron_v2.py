@@ -9,7 +9,7 @@ closed, and then as a whole: one bad element makes the whole block content.
 
 from __future__ import annotations
 
-from inference_engine.interfaces.parsers import CallOpener
+from inference_engine.interfaces.parsers import CallOpener, ToolCallTag
 from inference_engine.parsing import (
     Reader,
     Step,
@@ -20,6 +20,7 @@ from inference_engine.parsing import (
     peek,
     skip_ws,
 )
+
 from inference_engine_parsers._json_call import json_call_object
 
 __all__ = ["NemotronV2ToolParser"]
@@ -30,6 +31,8 @@ class NemotronV2ToolParser(StreamingToolParser):
 
     openers = ("<TOOLCALL>",)
     call_openers = (CallOpener("<TOOLCALL>"),)
+    call_tag = ToolCallTag('<TOOLCALL>[{"name": "{name}", "arguments": ', "}]</TOOLCALL>",
+                           "<TOOLCALL>")
 
     def parse_block(self, r: Reader, opener: str) -> Step:
         yield from skip_ws(r)

@@ -25,21 +25,22 @@ from __future__ import annotations
 import json
 import re
 
-from inference_engine.interfaces.parsers import CallOpener
+from inference_engine.interfaces.parsers import CallOpener, ToolCallTag
 from inference_engine.parsing import (
     MarkerSet,
     Reader,
     Step,
     StreamingToolParser,
     match,
-    match_any,
     match_after_ws,
+    match_any,
     match_any_after_ws,
     peek,
     read_until_char,
     skip_ws,
     until,
 )
+
 from inference_engine_parsers._values import coder_value
 
 __all__ = ["NemotronV3ToolParser", "Qwen3CoderToolParser"]
@@ -54,6 +55,9 @@ class Qwen3CoderToolParser(StreamingToolParser):
 
     openers = ("<tool_call>", "<function=")
     call_openers = (CallOpener("<tool_call>", "<function="),)
+    call_tag = ToolCallTag("<tool_call>\n<function={name}>\n", "\n</function>\n</tool_call>",
+                           "<tool_call>", style="qwen_xml", name_in_json_string=False,
+                           whitespace="\n")
 
     def parse_block(self, r: Reader, opener: str) -> Step:
         is_wrapped = opener == "<tool_call>"

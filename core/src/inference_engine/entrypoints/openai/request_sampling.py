@@ -12,6 +12,7 @@ the engine checks their values.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from inference_engine.diffusion.settings import DIFFUSION_KEYS
@@ -128,6 +129,10 @@ def truncate_prompt_ids(token_ids: list[int], keep: int | None, max_model_len: i
     return token_ids[-keep:]
 
 
+# Characters that end a function name in the XML and special-token call formats.
+_UNWRITABLE_NAME = re.compile(r"""[\s<>"'{}=]""")
+
+
 def tool_call_constraint(parser_cls: Any, tools: list[dict[str, Any]] | None,
                          tool_choice: Any, parallel_tool_calls: bool | None
                          ) -> StructuredOutputsParams | None:
@@ -156,17 +161,41 @@ def tool_call_constraint(parser_cls: Any, tools: list[dict[str, Any]] | None,
         return None  # the choice is checked after generation (docs/server.md)
     named = tool_choice["function"]["name"] if isinstance(tool_choice, dict) else None
     tags = []
-    for tool in tools:
+    for index, tool in enumerate(tools):
         function = tool["function"]
         if named is not None and function["name"] != named:
             continue
+        if not tag.name_in_json_string and _UNWRITABLE_NAME.search(function["name"]):
+            raise APIError(f"tools[{index}].function.name {function['name']!r}: this server's "
+                           "tool-call format cannot write a name with spaces, quotes, braces, "
+                           "'<', '>' or '=', so the call cannot be forced", param="tools")
         schema = function.get("parameters") if (forced or function.get("strict") is True) \
             else None
+        content = {"type": "json_schema", "style": tag.style,
+                   "json_schema": schema or {"type": "object"}}
+        if tag.whitespace is not None:
+            content["max_whitespace_cnt"] = 1
         tags.append({"type": "tag", "begin": tag.begin_for(function["name"]),
-                     "content": {"type": "json_schema",
-                                 "json_schema": schema or {"type": "object"}},
-                     "end": tag.end})
+                     "content": content, "end": tag.end})
     fmt = {"type": "triggered_tags", "triggers": [tag.trigger], "tags": tags,
            "at_least_one": forced,
            "stop_after_first": named is not None or parallel_tool_calls is False}
-    return StructuredOutputsParams(structural_tag={"type": "structural_tag", "format": fmt})
+    structural_tag = {"type": "structural_tag", "format": fmt}
+    if tag.whitespace is None:
+        return StructuredOutputsParams(structural_tag=structural_tag)
+    return StructuredOutputsParams(grammar=_narrow_whitespace(structural_tag, tag.whitespace))
+
+
+def _narrow_whitespace(structural_tag: dict[str, Any], whitespace: str) -> str:
+    """The EBNF of ``structural_tag`` with each optional whitespace character (xgrammar's
+    ``[ \\n\\r\\t]``, at most one in a row here) replaced by ``whitespace``."""
+    import json
+
+    import xgrammar
+
+    try:
+        grammar = xgrammar.Grammar.from_structural_tag(json.dumps(structural_tag))
+    except Exception as exc:  # xgrammar names what it could not convert
+        raise APIError(f"tools: the forced tool call could not be made a grammar: {exc}",
+                       param="tools") from None
+    return str(grammar).replace("[ \\n\\r\\t]", json.dumps(whitespace))
