@@ -31,6 +31,9 @@ def ie_register_models() -> list[Spec]:
              "DeepSeek-V3.2 (DSA: lightning indexer, top-k sparse MLA)"),
         Spec("GlmMoeDsaForCausalLM", f"{base}.glm_moe_dsa:GlmMoeDsaForCausalLM",
              "GLM-5 (DSA sparse MLA, indexer shared across layers)"),
+        Spec("DeepseekV4ForCausalLM", f"{base}.deepseek_v4:DeepseekV4ForCausalLM",
+             "DeepSeek-V4 (sliding K=V attention + compressed CSA/HCA entries, "
+             "hyper-connections, hash-routed MoE)"),
         Spec("NemotronHForCausalLM", f"{base}.nemotron_h:NemotronHForCausalLM",
              "Nemotron-H / Nemotron 3 (Mamba-2, attention, relu2 MoE and MLP hybrid)"),
         Spec("MiniMaxM3VLForCausalLM", f"{base}.minimax_m3:MiniMaxM3VLForCausalLM",
@@ -38,6 +41,8 @@ def ie_register_models() -> list[Spec]:
         Spec("DiffusionGemmaForBlockDiffusion",
              f"{base}.diffusion_gemma:DiffusionGemmaForBlockDiffusion",
              "DiffusionGemma block diffusion, text (causal encoder + canvas denoiser, Gemma-4 MoE)"),
+        Spec("WhisperForConditionalGeneration", f"{base}.whisper:WhisperForConditionalGeneration",
+             "Whisper speech recognition (encoder once per 30 s window, paged decoder)"),
         Spec("MiniMaxM3SparseForConditionalGeneration",
              f"{base}.minimax_m3:MiniMaxM3SparseForConditionalGeneration",
              "MiniMax-M3 VL checkpoint, text-only (vision tower skipped)"),

@@ -18,17 +18,19 @@ __all__ = ["ExpertActivation", "SILU", "gated_activation"]
 
 @dataclass(frozen=True, slots=True)
 class ExpertActivation:
-    """``silu(gate) * up``, or gpt-oss's clamped ``(up + 1) * gate * sigmoid(alpha * gate)``."""
+    """``silu(gate) * up``, gpt-oss's clamped ``(up + 1) * gate * sigmoid(alpha * gate)``
+    ("swigluoai"), or DeepSeek-V4's ``silu(min(gate, limit)) * clamp(up, -limit, limit)``
+    ("silu_clamped")."""
 
     name: str = "silu"
-    # gpt-oss ("swigluoai"): sigmoid sharpness and the clamp limit.
+    # gpt-oss ("swigluoai"): sigmoid sharpness and the clamp limit (also "silu_clamped"'s).
     alpha: float = 1.702
     limit: float = 7.0
 
     def __post_init__(self) -> None:
-        if self.name not in ("silu", "swigluoai"):
+        if self.name not in ("silu", "swigluoai", "silu_clamped"):
             raise ValueError(f"unsupported expert activation {self.name!r}; "
-                             f"supported: 'silu', 'swigluoai'")
+                             f"supported: 'silu', 'swigluoai', 'silu_clamped'")
 
 
 SILU = ExpertActivation("silu")
@@ -47,4 +49,6 @@ def gated_activation(h: torch.Tensor, act: ExpertActivation,
         return F.silu(gate) * up
     gate = gate.clamp(max=act.limit)
     up = up.clamp(min=-act.limit, max=act.limit)
+    if act.name == "silu_clamped":
+        return F.silu(gate) * up
     return (up + 1) * (gate * torch.sigmoid(gate * act.alpha))
