@@ -259,10 +259,84 @@ class QuantConfig:
 
 @dataclass
 class SpeculativeConfig:
-    """Speculative decoding (later work); None means off."""
+    """Speculative decoding (``--speculative-config JSON``, vLLM's keys); method None: off.
 
+    Build it from the user's dict with :meth:`from_dict` (unknown keys are refused by
+    name); ``method`` is a registered proposer (``list-plugins --kind proposers``),
+    checked when the engine builds it.
+    """
+
+    # Registered proposer name: ngram, draft_model, ...; None turns speculation off.
     method: str | None = None
+    # Drafted tokens per step (k); the target verifies k + 1 positions.
     num_speculative_tokens: int = 0
+    # n-gram: shortest and longest suffix matched in the context (both 5 when unset).
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+    # draft_model: the drafter's folder (same vocabulary as the target).
+    model: str | None = None
+    # draft_model: dtype of the drafter; None: the target's.
+    draft_dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.method is None:
+            return
+        if not isinstance(self.method, str) or not self.method:
+            raise ValueError(f"speculative_config 'method' must be a proposer name, got "
+                             f"{self.method!r}")
+        k = self.num_speculative_tokens
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"speculative_config 'num_speculative_tokens' must be an integer "
+                             f">= 1, got {k!r}")
+        for name in ("prompt_lookup_min", "prompt_lookup_max"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"speculative_config {name!r} must be an integer >= 1, got "
+                                 f"{value!r}")
+        if self.prompt_lookup_min is None and self.prompt_lookup_max is None:
+            self.prompt_lookup_min = self.prompt_lookup_max = 5
+        elif self.prompt_lookup_min is None:
+            self.prompt_lookup_min = self.prompt_lookup_max
+        elif self.prompt_lookup_max is None:
+            self.prompt_lookup_max = self.prompt_lookup_min
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"speculative_config 'prompt_lookup_min' ({self.prompt_lookup_min})"
+                             f" exceeds 'prompt_lookup_max' ({self.prompt_lookup_max})")
+        if self.draft_dtype is not None and self.draft_dtype not in DTYPES:
+            raise ValueError(f"speculative_config 'draft_dtype' must be one of {DTYPES}, got "
+                             f"{self.draft_dtype!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.method is not None
+
+    @classmethod
+    def from_dict(cls, value: Any) -> SpeculativeConfig:
+        """From ``--speculative-config`` / ``LLM(speculative_config=...)``: a dict, a
+        JSON string, an instance, or None (off).
+
+        Raises:
+            ValueError: not a JSON object, an unknown key or a bad value (named).
+        """
+        import json
+
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value or cls()
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"--speculative-config is not valid JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"speculative_config must be a JSON object, got {value!r}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"speculative_config: unknown field(s) {unknown}; known: "
+                             f"{sorted(known)}")
+        if "method" not in value and value:
+            raise ValueError("speculative_config needs a 'method' (ngram, draft_model, ...)")
+        return cls(**value)
 
 
 @dataclass
@@ -326,7 +400,6 @@ class EngineConfig:
                 ("scheduler", SchedulerConfig),
                 ("parallel", ParallelConfig),
                 ("quant", QuantConfig),
-                ("speculative", SpeculativeConfig),
                 ("lora", LoRAConfig),
             )
             for f in fields(sub)
@@ -336,6 +409,9 @@ class EngineConfig:
                 section, name = aliases[key]
             elif key in owners:
                 section, name = owners[key], key
+            elif key == "speculative_config":  # vLLM's keyword: the whole section
+                parts["speculative"] = {"config": SpeculativeConfig.from_dict(value)}
+                continue
             else:
                 raise TypeError(f"unknown engine argument {key!r}")
             parts[section][name] = value
@@ -345,6 +421,7 @@ class EngineConfig:
             scheduler=SchedulerConfig(**parts["scheduler"]),
             parallel=ParallelConfig(**parts["parallel"]),
             quant=QuantConfig(**parts["quant"]),
-            speculative=SpeculativeConfig(**parts["speculative"]),
+            speculative=(parts["speculative"]["config"] if "config" in parts["speculative"]
+                         else SpeculativeConfig(**parts["speculative"])),
             lora=LoRAConfig(**parts["lora"]),
         )

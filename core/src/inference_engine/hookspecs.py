@@ -117,6 +117,19 @@ def ie_register_reasoning_parsers() -> list[Spec]:
     """
 
 
+@hookspec
+def ie_register_proposers() -> list[Spec]:
+    """Register speculative-decoding drafters (proposers).
+
+    Called once when the registry loads.
+
+    Returns:
+        Specs named as ``--speculative-config``'s ``method`` accepts them (``ngram``,
+        ``draft_model``); targets are
+        :class:`~inference_engine.interfaces.proposer.Proposer` subclasses.
+    """
+
+
 # --------------------------------------------------------------------------- #
 # Decision hooks: firstresult, the first non-None answer wins.
 # --------------------------------------------------------------------------- #

@@ -32,6 +32,7 @@ KINDS: dict[str, str] = {
     "ie_register_weight_formats": "weight_formats",
     "ie_register_tool_parsers": "tool_parsers",
     "ie_register_reasoning_parsers": "reasoning_parsers",
+    "ie_register_proposers": "proposers",
 }
 
 # Architectures deliberately dropped: they fail with this message, never as "unknown".

@@ -66,6 +66,16 @@ def ie_register_weight_formats() -> list[Spec]:
 
 
 @hookimpl
+def ie_register_proposers() -> list[Spec]:
+    return [
+        Spec("ngram", "inference_engine.speculative.ngram:NgramProposer",
+             "Prompt lookup: the tokens that followed the context's last n-gram (no model)"),
+        Spec("draft_model", "inference_engine.speculative.draft_model:DraftModelProposer",
+             "A small model of the same vocabulary, its own KV in a paged pool"),
+    ]
+
+
+@hookimpl
 def ie_detect_weight_format(path: str) -> str | None:
     """Name the format from the path alone, so a missing plugin can be named too."""
     if path.endswith(".gguf"):

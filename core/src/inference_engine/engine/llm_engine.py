@@ -87,6 +87,8 @@ class LLMEngine:
             self.max_model_len,
             sched.max_num_seqs,
             sched.max_num_batched_tokens,
+            num_speculative_tokens=(config.speculative.num_speculative_tokens
+                                    if config.speculative.enabled else 0),
             # A step's adapter groups change from step to step: no captured graphs.
             # Block diffusion: the encoder's MoE reads routing counts on the host, and its
             # denoise passes run eagerly in any case.
@@ -97,9 +99,15 @@ class LLMEngine:
         # allocated before the KV pool is sized (it comes out of the same budget).
         state_pool = self.runner.allocate_state_cache(sched.max_num_seqs)
         self._state_cache_bytes = state_pool.num_bytes if state_pool is not None else 0
-        bytes_per_block = KVCachePool.bytes_per_block_for(self.runner.kv_cache_specs(), block_size)
+        # Speculative decoding (None: off); a drafter's cache shares the pool's geometry.
+        self.spec = self._make_spec_decoder()
+        drafter_specs = self.spec.proposer.kv_cache_specs() if self.spec is not None else []
+        bytes_per_block = KVCachePool.bytes_per_block_for(
+            self.runner.kv_cache_specs() + drafter_specs, block_size)
         num_blocks = self._num_blocks(bytes_per_block)
         pool = self.runner.allocate_kv_cache(num_blocks)
+        if self.spec is not None:
+            self.spec.proposer.bind_kv_cache(num_blocks)
         self.capacity_message = log_capacity(num_blocks, block_size, pool.bytes_per_block,
                                              [spec.dtype for spec in pool.specs],
                                              self.max_model_len, pool.fault_in_seconds)
@@ -118,9 +126,13 @@ class LLMEngine:
         self.diffusion = self._make_diffusion_stepper()
         if self.lora is not None:
             self.scheduler.max_loras = config.lora.max_loras
+        if self.spec is not None:
+            self.scheduler.num_lookahead_slots = self.spec.proposer.num_lookahead_slots
         from inference_engine.sampling.sampler import Sampler
 
         self.sampler = Sampler(seed=config.model.seed, tokenizer=self.tokenizer)
+        if self.spec is not None:
+            self.spec.attach_sampler(self.sampler)
         from inference_engine.structured_output import StructuredOutputManager
 
         # Grammar matchers of structured-output sequences (xgrammar loads on first use).
@@ -137,6 +149,11 @@ class LLMEngine:
         option = config.scheduler.async_scheduling
         self.async_scheduling = (self.platform.supports_async_scheduling() if option is None
                                  else option)
+        if self.spec is not None:
+            if option:
+                raise ValueError("async_scheduling and speculative_config cannot be combined: "
+                                 "a verify step needs the accepted tokens before the next one")
+            self.async_scheduling = False
         self._in_flight: _StepInFlight | None = None
         self.num_generated_tokens = 0
         self.num_prompt_tokens_computed = 0
@@ -168,6 +185,19 @@ class LLMEngine:
         defaults = DiffusionSettings.from_generation_config(self.loaded.generation_config)
         return DiffusionStepper(self.model, self.platform.device(), self.config.cache.block_size,
                                 defaults)
+
+    def _make_spec_decoder(self) -> Any:
+        """The speculative decoder of ``speculative_config``; None when it is off."""
+        spec = self.config.speculative
+        if not spec.enabled:
+            return None
+        from inference_engine.interfaces.proposer import ProposerContext
+        from inference_engine.speculative.decoder import SpecDecoder, build_proposer
+
+        context = ProposerContext(self.config, self.platform, self.model, self.dtype,
+                                  self.model.ctx.hf_config.vocab_size, self.max_model_len,
+                                  self.config.cache.block_size)
+        return SpecDecoder(build_proposer(spec, context))
 
     def _num_blocks(self, bytes_per_block: int) -> int:
         memory = self.config.cache.kv_cache_memory
@@ -267,6 +297,9 @@ class LLMEngine:
         if bad:
             raise ValueError(f"prompt token ids outside the vocabulary [0, {vocab}): {bad[:8]}")
         params.update_from_tokenizer(self.tokenizer, vocab)
+        if self.spec is not None and params.structured_outputs is not None:
+            raise ValueError("structured outputs and speculative_config cannot be combined "
+                             "(drafts are not checked against the grammar)")
         if self.diffusion is not None:
             self._check_diffusion_request(params, token_ids)
         elif params.extra_args:
@@ -403,6 +436,8 @@ class LLMEngine:
         self._groups.pop(group.request_id, None)
         for child in group.children:
             self._sequences.pop(child.request.request_id, None)
+            if self.spec is not None:
+                self.spec.remove(child.request.request_id)
             self.structured.remove(child.request.request_id)
 
     def has_unfinished_requests(self) -> bool:
@@ -454,7 +489,12 @@ class LLMEngine:
             self._process(previous, touched)
             previous = None
             out.scheduled = [s for s in out.scheduled if not s.request.is_finished]
-        launched = self._launch(out, previous) if not out.is_empty else None
+        if self.spec is not None:  # synchronous: verify, append, draft
+            if not out.is_empty:
+                self._run_speculative(out, touched)
+            launched = None
+        else:
+            launched = self._launch(out, previous) if not out.is_empty else None
         if previous is not None:
             self._process(previous, touched)
         if launched is not None:
@@ -571,6 +611,57 @@ class LLMEngine:
         source_rows = {r.request_id: row for row, r in enumerate(requests)}
         return _StepInFlight(sampling, result.sampled_token_ids, host, event, result.logprobs,
                              source_rows)
+
+    def _run_speculative(self, out: SchedulerOutput, touched: dict[str, RequestGroup]) -> None:
+        """One synchronous speculative step: the forward verifies each sampling request's
+        drafts, the rejection sampler picks 1..k+1 tokens, rejected slots are rolled
+        back, and the proposer drafts for the next step."""
+        for s in out.scheduled:
+            request = s.request
+            if request.num_computed_tokens < request.num_prompt_tokens:
+                group = self._sequences[request.request_id].group
+                if (request.num_computed_tokens and request.num_preemptions == 0
+                        and not group.num_cached_tokens):
+                    group.num_cached_tokens = request.num_computed_tokens
+        batch = StepBatch.from_scheduler(out)
+        if self.lora is not None:
+            self.lora.prepare_step([s.request.lora for s in out.scheduled],
+                                   [s.num_new_tokens for s in out.scheduled])
+        logits = self.runner.execute_batch(batch)
+        for i, prompt_logits in logits.prompt_logits.items():
+            self._add_prompt_logprobs(out.scheduled[i], prompt_logits)
+        self.scheduler.update_after_step(out)
+        self.num_prompt_tokens_computed += sum(
+            s.num_new_tokens - s.num_spec_tokens for s in out.scheduled
+            if not s.samples or s.num_new_tokens - s.num_spec_tokens > 1)
+        sampled = [out.scheduled[i] for i in logits.sample_rows]
+        if not sampled:
+            return
+        verdict = self.spec.verify(logits.sample_logits, [s.request for s in sampled],
+                                   [s.num_spec_tokens for s in sampled])
+        drafting = []
+        for row, s in enumerate(sampled):
+            request = s.request
+            state = self._sequences[request.request_id]
+            num_appended = 0
+            for j, token in enumerate(verdict.token_ids[row]):
+                if request.is_finished:
+                    break
+                request.append_token(token)
+                num_appended += 1
+                if state.logprobs is not None and verdict.logprobs[row] is not None:
+                    state.logprobs.append(verdict.logprobs[row][j])
+                self.num_generated_tokens += 1
+                self._check_stop(state, token)
+            touched[state.group.request_id] = state.group
+            if s.num_spec_tokens:
+                # Accepted drafts: the tokens appended before the last one.
+                self.scheduler.rollback_rejected(s, max(0, num_appended - 1))
+            if not request.is_finished:
+                drafting.append(request)
+        if drafting:
+            self.spec.propose(drafting, [self.blocks.req_blocks[r.request_id] for r in drafting],
+                              self.max_model_len)
 
     def _process(self, step: _StepInFlight, touched: dict[str, RequestGroup]) -> None:
         """Read a launched step's sampled ids back and apply them (stops, outputs)."""
@@ -700,5 +791,6 @@ class LLMEngine:
             "num_preemptions": self.scheduler.num_preemptions,
             "num_held_samples": self.held.num_held,
             "generated_tokens": self.num_generated_tokens,
+            **(self.spec.metrics.as_stats() if self.spec is not None else {}),
             "time": time.time(),
         }

@@ -69,6 +69,9 @@ class StepBatch:
     pending_rows: list[tuple[int, int]] = field(default_factory=list)
     # That step's sampled ids, ``[rows]`` int64 on the device.
     pending_ids: torch.Tensor | None = None
+    # Speculative decoding: per sequence, the draft tokens at the end of its query; a
+    # sampling sequence then samples at its last 1 + drafts positions. None: no drafts.
+    num_spec_tokens: list[int] | None = None
     # Per sequence: its slot of the per-sequence state pool (hybrid models); None: the
     # sequences' own indices (a profiling step) or no state pool.
     state_slots: list[int] | None = None
@@ -87,8 +90,11 @@ class StepBatch:
         if pending_source:
             pending_rows = [(i, pending_source[s.request.request_id])
                             for i, s in enumerate(scheduled) if s.request.num_pending_tokens]
+        spec = [s.num_spec_tokens for s in scheduled]
+        has_spec = any(spec)
         return cls(
-            token_ids=[s.request.all_token_ids for s in scheduled],
+            token_ids=[s.request.all_token_ids + s.request.spec_token_ids[: s.num_spec_tokens]
+                       if s.num_spec_tokens else s.request.all_token_ids for s in scheduled],
             num_computed=[s.request.num_computed_tokens for s in scheduled],
             query_lens=[s.num_new_tokens for s in scheduled],
             block_lists=block_lists,
@@ -100,6 +106,7 @@ class StepBatch:
             ],
             pending_rows=pending_rows,
             pending_ids=pending_ids if pending_rows else None,
+            num_spec_tokens=spec if has_spec else None,
         )
 
     @property
@@ -149,6 +156,7 @@ class ModelRunner:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         enforce_eager: bool = False,
+        num_speculative_tokens: int = 0,
     ) -> None:
         self.model = model
         self.platform = platform
@@ -165,7 +173,8 @@ class ModelRunner:
         self.enforce_eager = enforce_eager
         self.buffers = StepInputBuffers(max_num_batched_tokens + max_num_seqs, max_num_seqs,
                                         self.max_blocks_per_seq, self.device,
-                                        platform.pinned_memory())
+                                        platform.pinned_memory(),
+                                        sample_width=1 + num_speculative_tokens)
         self._graphs: dict[int, _DecodeGraph] = {}
         self._graph_sizes: list[int] = []
 
@@ -305,7 +314,13 @@ class ModelRunner:
         np.add(slot_blocks * bs, slot_offsets, out=buf.host_view("slot_mapping", total))
         np.add(c, q, out=buf.host_view("seq_lens", n))
         rows = batch.sample_rows
-        buf.host_view("sample_index", len(rows))[:] = cu[1:][rows] - 1
+        if batch.num_spec_tokens is None:
+            buf.host_view("sample_index", len(rows))[:] = cu[1:][rows] - 1
+        else:  # every verified position of a row samples: its last 1 + drafts tokens
+            widths = np.asarray(batch.num_spec_tokens, dtype=np.int64)[rows] + 1
+            ends = np.repeat(cu[1:][rows], widths)
+            back = np.arange(int(widths.sum())) - np.repeat(np.cumsum(widths) - widths, widths)
+            buf.host_view("sample_index", len(ends))[:] = ends - widths.repeat(widths) + back
         return total, cu.copy()
 
     def _metadata(self, batch: StepBatch, total: int) -> AttentionMetadata:
@@ -398,11 +413,14 @@ class ModelRunner:
         prompt_logits = {i: self.model.compute_logits(hidden[int(cu[i]) : int(cu[i + 1])])
                          for i in batch.prompt_rows}
         rows = batch.sample_rows
-        if len(rows) == total:  # every token samples (pure decode): no gather
+        num_sample = len(rows)
+        if batch.num_spec_tokens is not None:
+            num_sample += sum(batch.num_spec_tokens[i] for i in rows)
+        if num_sample == total:  # every token samples (pure decode): no gather
             sample_hidden = hidden
         else:
             sample_hidden = hidden.index_select(
-                0, self.buffers.device_view("sample_index", len(rows)))
+                0, self.buffers.device_view("sample_index", num_sample))
         sample_logits = self.model.compute_logits(sample_hidden)
         return StepLogits(sample_logits, rows, prompt_logits)
 

@@ -54,6 +54,9 @@ class Request:
     # The stop string or token id that ended it.
     stop_reason: int | str | None = None
     num_preemptions: int = 0
+    # Speculative decoding: draft tokens the next step verifies after the last known one
+    # (unverified: never in ``all_token_ids``, never hashed into the prefix cache).
+    spec_token_ids: list[int] = field(default_factory=list)
     # The LoRA adapter it runs with (``inference_engine.lora.adapter.LoRAAdapter``); None:
     # the base model.
     lora: Any = None

@@ -24,6 +24,9 @@ class ScheduledRequest:
     samples: bool
     # The request's physical KV blocks (the block manager's list for it).
     block_ids: list[int] = field(default_factory=list)
+    # Draft tokens verified this step (the last ones of ``num_new_tokens``); their slots are
+    # rolled back by :meth:`Scheduler.rollback_rejected` once the verdict is known.
+    num_spec_tokens: int = 0
     # Block diffusion DENOISE: one decoder pass over the request's canvas (``num_new_tokens``
     # is the canvas length, charged to the budget); nothing is written to the cache.
     is_denoise: bool = False
@@ -68,6 +71,9 @@ class Scheduler:
         self.num_preemptions = 0
         # Distinct LoRA adapters that may run at once (the device slots); None: no LoRA.
         self.max_loras: int | None = None
+        # Speculative decoding: KV slots a sampling request holds past its step for a model
+        # drafter to write its drafts' K/V (0: none, or no drafter cache).
+        self.num_lookahead_slots = 0
 
     # ---- queue management -------------------------------------------------
     def add(self, request: Request) -> None:
@@ -116,6 +122,7 @@ class Scheduler:
         self.running.remove(request)
         self.blocks.free(request.request_id)
         request.num_computed_tokens = 0
+        request.spec_token_ids = []
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
         self.num_preemptions += 1
@@ -145,8 +152,13 @@ class Scheduler:
                 # Async scheduling: its last token is still on the device and ends it.
                 i += 1
                 continue
-            num_new = min(remaining, budget)
-            target = request.num_computed_tokens + num_new
+            num_spec = len(request.spec_token_ids)
+            if num_spec:
+                # Drafts ride along only after the last known token and within the budget.
+                num_spec = max(0, min(num_spec, budget - remaining)) if remaining == 1 else 0
+                del request.spec_token_ids[num_spec:]
+            num_new = min(remaining + num_spec, budget)
+            target = self._slots_needed(request, num_new, num_new == remaining + num_spec)
             while not self.blocks.allocate(request.request_id, target):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -155,7 +167,8 @@ class Scheduler:
                     break
             if request.status is RequestStatus.PREEMPTED:
                 break
-            scheduled.append(ScheduledRequest(request, num_new, num_new == remaining))
+            scheduled.append(ScheduledRequest(request, num_new, num_new == remaining + num_spec,
+                                              num_spec_tokens=num_spec))
             budget -= num_new
             i += 1
 
@@ -194,7 +207,8 @@ class Scheduler:
                         f"prompt of {remaining} tokens exceeds max_num_batched_tokens "
                         f"({self.config.max_num_batched_tokens}) with chunked prefill off"
                     )
-            if not self.blocks.allocate(request.request_id, request.num_computed_tokens + num_new):
+            if not self.blocks.allocate(request.request_id,
+                                        self._slots_needed(request, num_new, num_new == remaining)):
                 # Give back prefix-matched blocks: a waiting request holds nothing.
                 self.blocks.free(request.request_id)
                 request.num_computed_tokens = 0
@@ -215,6 +229,14 @@ class Scheduler:
         out.scheduled = scheduled
         return out
 
+    def _slots_needed(self, request: Request, num_new: int, samples: bool) -> int:
+        """Tokens' worth of KV the request must hold to compute ``num_new`` more: a step that
+        samples also reserves the drafter's lookahead slots (never past the context)."""
+        target = request.num_computed_tokens + num_new
+        if samples and self.num_lookahead_slots:
+            target = min(target + self.num_lookahead_slots, self.max_model_len)
+        return target
+
     def _lora_slots_full(self, request: Request) -> bool:
         """Whether admitting ``request`` would run more distinct adapters than slots."""
         if self.max_loras is None or request.lora is None:
@@ -231,6 +253,19 @@ class Scheduler:
         request.num_computed_tokens = 0
         self.finish(request, FinishReason.LENGTH)
 
+    def rollback_rejected(self, scheduled: ScheduledRequest, num_accepted: int) -> None:
+        """After verification: give back the computed count of the rejected drafts (their
+        slots stay allocated and are overwritten later) and hash the verified blocks."""
+        request = scheduled.request
+        request.spec_token_ids = []
+        if request.is_finished:
+            return
+        request.num_computed_tokens -= scheduled.num_spec_tokens - num_accepted
+        self.blocks.cache_full_blocks(
+            request.request_id, request.all_token_ids, request.num_computed_tokens,
+            request.prefix_salt
+        )
+
     def update_after_step(self, out: SchedulerOutput) -> None:
         """Advance computed counts and register newly full blocks for prefix reuse."""
         for s in out.scheduled:
@@ -238,6 +273,8 @@ class Scheduler:
             if request.is_finished or s.is_denoise:
                 continue
             request.num_computed_tokens += s.num_new_tokens
+            if s.num_spec_tokens:
+                continue  # unverified drafts: hashed after rollback_rejected
             self.blocks.cache_full_blocks(
                 request.request_id, request.all_token_ids, request.num_computed_tokens,
                 request.prefix_salt

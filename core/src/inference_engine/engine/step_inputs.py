@@ -40,17 +40,18 @@ class StepInputBuffers:
         max_blocks_per_seq: block-table width (blocks of the longest sequence).
         device: where the model runs.
         pinned: page-lock the host buffer (asynchronous uploads).
+        sample_width: positions that sample per sequence (1 + k with speculative decoding).
     """
 
     def __init__(self, max_tokens: int, max_seqs: int, max_blocks_per_seq: int,
-                 device: torch.device, pinned: bool) -> None:
+                 device: torch.device, pinned: bool, sample_width: int = 1) -> None:
         self.max_tokens = max_tokens
         self.max_seqs = max_seqs
         self.width = max_blocks_per_seq
         sizes = {
             "input_ids": max_tokens, "positions": max_tokens, "slot_mapping": max_tokens,
             "slot_blocks": max_tokens, "slot_offsets": max_tokens,
-            "query_start_loc": max_seqs + 1, "seq_lens": max_seqs, "sample_index": max_seqs,
+            "query_start_loc": max_seqs + 1, "seq_lens": max_seqs, "sample_index": max_seqs * sample_width,
             "pending_index": max_seqs, "pending_source": max_seqs,
             "block_tables": max_seqs * max_blocks_per_seq,
         }

@@ -1,0 +1,4 @@
+"""Speculative decoding: proposers (drafters), the shared rejection sampler, the engine glue.
+
+See docs/engine.md, "Speculative decoding".
+"""
