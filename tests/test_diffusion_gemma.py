@@ -33,9 +33,9 @@ SAMPLED = {"max_denoising_steps": 6}
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
+def model_dir(tmp_path_factory, tiny_tokenizer):
     return make_tiny_diffusion_gemma(tmp_path_factory.mktemp("diffusion_gemma"),
-                                     canvas_length=CANVAS)
+                                     canvas_length=CANVAS, tokenizer=tiny_tokenizer)
 
 
 @pytest.fixture(scope="module")
