@@ -634,23 +634,47 @@ def test_tool_choice_required_and_named_are_forced(demo_client, stream):
         _check_calls(calls, names={"search"})
 
 
-def test_forced_calls_in_an_xml_format_through_the_engine():
+@pytest.fixture(scope="module")
+def coder_server():
+    """The demo model served with the qwen3_coder tool parser and request templates on."""
+    proc = ServerProcess(DEMO_MODEL, "--enable-auto-tool-choice", "--tool-call-parser",
+                         "qwen3_coder", "--trust-request-chat-template", platform=TEST_PLATFORM)
+    yield proc
+    assert proc.stop() == 0, proc.log()
+
+
+def test_forced_calls_in_an_xml_format_through_the_engine(coder_server):
     """The demo model writes qwen3 JSON calls; served with the qwen3_coder parser, a forced
     call must come out in qwen3_coder's XML (the grammar narrowed to its newlines) and be
     read back with arguments that follow the strict schemas."""
-    proc = ServerProcess(DEMO_MODEL, "--enable-auto-tool-choice", "--tool-call-parser",
-                         "qwen3_coder", platform=TEST_PLATFORM)
-    try:
-        client = openai.OpenAI(base_url=proc.url + "/v1", api_key="unused", max_retries=0)
-        for seed, stream in [(0, False), (1, True)]:
-            named = {"type": "function", "function": {"name": "add"}}
-            calls, finish = _calls(client, stream, messages=[
-                {"role": "user", "content": "What is 2 plus 3?"}], tools=STRICT_TOOLS,
-                tool_choice=named, temperature=0.8, seed=seed, max_tokens=200)
-            assert finish == "tool_calls" and len(calls) == 1
-            _check_calls(calls, names={"add"})
-    finally:
-        assert proc.stop() == 0, proc.log()
+    client = openai.OpenAI(base_url=coder_server.url + "/v1", api_key="unused", max_retries=0)
+    for seed, stream in [(0, False), (1, True)]:
+        named = {"type": "function", "function": {"name": "add"}}
+        calls, finish = _calls(client, stream, messages=[
+            {"role": "user", "content": "What is 2 plus 3?"}], tools=STRICT_TOOLS,
+            tool_choice=named, temperature=0.8, seed=seed, max_tokens=200)
+        assert finish == "tool_calls" and len(calls) == 1
+        _check_calls(calls, names={"add"})
+
+
+def test_request_chat_template_is_rendered_when_trusted(coder_server):
+    """With --trust-request-chat-template the request's own template renders the prompt
+    (checked against the tokenizer on the same text); without it (the other servers of
+    this module) the field is a 400 naming it (REFUSED)."""
+    tok = AutoTokenizer.from_pretrained(DEMO_MODEL)
+    template = "{% for m in messages %}<<{{ m['content'] }}>>{% endfor %}"
+    expected = tok.encode("<<Hello there>>", add_special_tokens=False)
+    messages = [{"role": "user", "content": "Hello there"}]
+    http = httpx.Client(base_url=coder_server.url, timeout=60)
+    r = http.post("/tokenize", json={"messages": messages, "chat_template": template})
+    assert r.status_code == 200 and r.json()["tokens"] == expected
+    r = http.post(CHAT, json={"model": http.get("/v1/models").json()["data"][0]["id"],
+                              "messages": messages, "chat_template": template,
+                              "max_tokens": 1})
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == len(expected)
+    r = http.post(CHAT, json={"messages": messages, "chat_template": "{% for %}",
+                              "max_tokens": 1})
+    assert r.status_code == 400 and "chat template" in r.json()["error"]["message"]
 
 
 def test_strict_tools_need_a_format_that_can_be_forced():

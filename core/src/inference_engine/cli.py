@@ -246,6 +246,9 @@ def serve(
     chat_template: Annotated[Optional[str], typer.Option(
         help="Chat template replacing the tokenizer's: a file path, or the Jinja text "
              "itself.")] = None,
+    trust_request_chat_template: Annotated[bool, typer.Option(
+        help="Render a chat request's own chat_template field (Jinja code run on the "
+             "server); without it such a request is refused.")] = False,
     tokenizer: Annotated[Optional[str], typer.Option(
         help="Tokenizer folder; default: the model's own.")] = None,
     trust_remote_code: Annotated[bool, typer.Option(
@@ -323,6 +326,7 @@ def serve(
             reasoning_parser=reasoning_parser, enable_auto_tool_choice=enable_auto_tool_choice,
             tool_call_streaming=tool_call_streaming, shutdown_timeout=shutdown_timeout,
             chat_template=None if chat_template is None else load_chat_template(chat_template),
+            trust_request_chat_template=trust_request_chat_template,
             log_level=log_level.lower(), vllm_metric_names=vllm_metric_names,
             lora_modules=parse_key_values(lora_modules, "--lora-modules"),
         )

@@ -94,6 +94,9 @@ class ServerConfig:
     tool_call_streaming: str = "incremental"
     # Chat template text that replaces the tokenizer's (``--chat-template``); None: its own.
     chat_template: str | None = None
+    # Render a chat request's own ``chat_template`` (code run on the server; vLLM's
+    # --trust-request-chat-template). Off: such a request is a 400 naming the flag.
+    trust_request_chat_template: bool = False
     # Also expose the metrics under vLLM's names (``vllm:`` prefix) for existing dashboards.
     vllm_metric_names: bool = False
     # Seconds in-flight requests get to finish after SIGINT/SIGTERM before they are aborted.

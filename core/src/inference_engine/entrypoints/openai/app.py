@@ -139,7 +139,8 @@ def build_app(engine: AsyncLLM, config: ServerConfig, parsers: Any = None,
         engine.tokenizer.chat_template = config.chat_template
     metrics = ServerMetrics(names[0], vllm_names=config.vllm_metric_names)
     load = ServerLoad()
-    serving = ModelServing(engine, names, metrics, parsers, config.enable_auto_tool_choice)
+    serving = ModelServing(engine, names, metrics, parsers, config.enable_auto_tool_choice,
+                           config.trust_request_chat_template)
     serving.loras = ServedLoRAs(engine, names)
     serving.loras.add_at_startup(config.lora_modules)
     limit = serving.max_body_bytes
@@ -201,7 +202,8 @@ def build_app(engine: AsyncLLM, config: ServerConfig, parsers: Any = None,
             ids = await serving.encode(body.prompt, body.add_special_tokens)
         else:
             ids = await render_chat(serving, normalize_messages(body.messages), body.tools,
-                              body.add_generation_prompt, body.chat_template_kwargs)
+                                    body.add_generation_prompt, body.chat_template_kwargs,
+                                    chat_template=body.chat_template)
         out: dict[str, Any] = {"count": len(ids), "max_model_len": serving.max_model_len,
                                "tokens": ids}
         if body.return_token_strs:

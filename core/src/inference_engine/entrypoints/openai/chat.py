@@ -56,12 +56,19 @@ _RESERVED_TEMPLATE_KWARGS = frozenset({
 async def render_chat(serving: ModelServing, messages: list[dict[str, Any]],
                       tools: list[dict[str, Any]] | None, add_generation_prompt: bool,
                       chat_template_kwargs: dict[str, Any] | None,
-                      continue_final_message: bool = False) -> list[int]:
-    """Prompt token ids of a conversation, rendered off the event loop.
+                      continue_final_message: bool = False,
+                      chat_template: str | None = None) -> list[int]:
+    """Prompt token ids of a conversation, rendered off the event loop (with the request's
+    own ``chat_template`` when given and the server trusts request templates).
 
     Raises:
-        APIError: a reserved template kwarg, text too long to fit, or a template failure.
+        APIError: a reserved template kwarg, an untrusted request template, text too long
+            to fit, or a template failure.
     """
+    if chat_template is not None and not serving.trust_request_chat_template:
+        raise APIError("chat_template: a chat template sent with the request is code run on "
+                       "the server; start the server with --trust-request-chat-template to "
+                       "allow it", param="chat_template")
     kwargs = dict(chat_template_kwargs or {})
     reserved = sorted(_RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
     if reserved:
@@ -75,7 +82,7 @@ async def render_chat(serving: ModelServing, messages: list[dict[str, Any]],
         serving.check_text_length(len(orjson.dumps(tools)), "tools")
     try:
         return await serving.off_loop(apply_chat_template, serving.tokenizer, messages, tools,
-                                      add_generation_prompt, kwargs)
+                                      add_generation_prompt, kwargs, chat_template)
     except APIError:
         raise
     except Exception as exc:  # jinja errors, raise_exception() in templates, bad kwargs
@@ -112,7 +119,8 @@ async def create_chat_completion(serving: ModelServing, body: ChatCompletionRequ
     messages = body.template_messages()
     tool_choice = _tool_choice(serving, body)
     prompt_ids = await render_chat(serving, messages, body.tools, body.add_generation_prompt,
-                             body.chat_template_kwargs, body.continue_final_message)
+                                   body.chat_template_kwargs, body.continue_final_message,
+                                   body.chat_template)
     prompt_ids = truncate_prompt_ids(prompt_ids, body.truncate_prompt_tokens,
                                      serving.max_model_len)
     serving.check_prompt(prompt_ids)

@@ -107,7 +107,8 @@ class ModelServing:
     """The served model as the API sees it; shared by every endpoint."""
 
     def __init__(self, engine: AsyncLLM, model_names: Sequence[str], metrics: ServerMetrics,
-                 parsers: Any = None, enable_auto_tool_choice: bool = False) -> None:
+                 parsers: Any = None, enable_auto_tool_choice: bool = False,
+                 trust_request_chat_template: bool = False) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         inner = engine.engine
@@ -119,6 +120,8 @@ class ModelServing:
         self.metrics = metrics
         self.parsers = parsers
         self.enable_auto_tool_choice = enable_auto_tool_choice
+        # A request's own ``chat_template`` is rendered (--trust-request-chat-template).
+        self.trust_request_chat_template = trust_request_chat_template
         # The LoRA adapters served as model names (set by the app; None: LoRA off).
         self.loras: ServedLoRAs | None = None
         self.created = int(time.time())
