@@ -20,7 +20,15 @@ its block indexer; 64 heads, 4 KV heads x 128, indexer 4 x 128, blocks of 128, 1
 from the pool, the same code over every block, the engine's dense GQA decode through the
 attention backend (what a dense twin runs), and the whole sparse layer step.
 
-Run:  .venv/bin/python bench/sparse_attention.py [--model msa] [--context 8192 --topk 2048]
+``--model csa``: one DeepSeek-V4-Flash-shaped compressed sparse attention (CSA) layer
+(``DeepseekV4Attention``: 64 heads x 512, one shared K=V head, sliding window 128, one
+compressed entry per 4 tokens, indexer 64 x 128 keeping ``--topk`` entries, default 512):
+the indexer (its compressor's step write, scores over every entry + top-k), attention over
+the window and the kept entries gathered from the pool, the same code over the window and
+every entry (an HCA-style dense twin of the compressed branch), single-head K=V attention
+over all raw tokens by the same code (a dense MQA twin), and the whole sparse layer step.
+
+Run:  .venv/bin/python bench/sparse_attention.py [--model msa|csa] [--context 8192 --topk 2048]
 """
 
 from __future__ import annotations
@@ -193,6 +201,79 @@ def time_msa(args: argparse.Namespace, device: torch.device,
     return times, kept, dense
 
 
+def time_csa(args: argparse.Namespace, device: torch.device,
+             dtype: torch.dtype) -> tuple[dict[str, float], str, str, str]:
+    """DeepSeek-V4 CSA decode parts; returns (times, indexer, kept, dense names)."""
+    from inference_engine.layers.compressed_attention import sink_attention
+    from inference_engine.layers.kv_compressor import paged_rows
+    from inference_engine.layers.tail_rope import TailRope
+    from inference_engine_models.deepseek_v4 import DeepseekV4Attention
+
+    csa = "compressed_sparse_attention"
+    config = transformers.DeepseekV4Config(
+        hidden_size=4096, num_attention_heads=64, head_dim=512, q_lora_rank=1024, o_groups=8,
+        o_lora_rank=1024, index_n_heads=64, index_head_dim=128, index_topk=args.topk,
+        sliding_window=128, num_hidden_layers=1, layer_types=[csa], mlp_layer_types=["moe"],
+        compress_rates={csa: 4, "heavily_compressed_attention": 128},
+        rope_parameters={"rope_type": "yarn", "factor": 16.0,
+                         "original_max_position_embeddings": 65536},
+        max_position_embeddings=max(args.context + 16, 1 << 20))
+    ctx = ModelContext(config, dtype, UnquantizedMethod(), TorchSDPABackend, device)
+    torch.manual_seed(0)
+    rot_dim = int(config.head_dim * config.partial_rotary_factor)
+    ropes = {label: TailRope(config.rope_parameters[label], rot_dim,
+                             config.max_position_embeddings) for label in ("main", "compress")}
+    layer = DeepseekV4Attention(ctx, "model.layers.0.attn", csa, ropes).to(device)
+    with torch.no_grad():
+        for param in layer.parameters():
+            if param.is_floating_point():
+                param.normal_(0, 0.02)
+    blocks_per_seq = -(-(args.context + 1) // args.block_size)
+    owners = [layer, layer.compressor, layer.indexer.compressor]
+    pool = KVCachePool([m.kv_cache_spec() for m in owners], args.block_size,
+                       args.batch * blocks_per_seq + 1, device)
+    gen = torch.Generator(device=device).manual_seed(1)
+    for i, owner in enumerate(owners):
+        owner.kv_cache = pool.layer_views(i)
+        view = owner.kv_cache[0]
+        view.copy_(torch.randn(view.shape, generator=gen, device=device, dtype=view.dtype))
+    seqs = [Seq([0] * (args.context + 1), args.context,
+                list(range(1 + i * blocks_per_seq, 1 + (i + 1) * blocks_per_seq)))
+            for i in range(args.batch)]
+    _, positions, metadata = make_step(seqs, args.block_size)
+    for name in ("query_start_loc", "seq_lens", "block_tables", "slot_blocks", "slot_offsets"):
+        setattr(metadata, name, getattr(metadata, name).to(device))
+    positions = positions.to(device)
+    rope_cs = {label: rope.cos_sin(positions) for label, rope in ropes.items()}
+    hidden = torch.randn(args.batch, config.hidden_size, device=device, dtype=dtype)
+    q = torch.randn(args.batch, 64, 512, device=device, dtype=dtype)
+    q_res = torch.randn(args.batch, config.q_lora_rank, device=device, dtype=dtype)
+    num = (args.context + 1) // 4
+    everything = torch.arange(num, device=device).expand(args.batch, -1)
+    (cache,) = layer.kv_cache
+    rows = torch.arange(args.batch, device=device)[:, None].expand(-1, args.context + 1)
+    raw_pos = torch.arange(args.context + 1, device=device).expand(args.batch, -1)
+    all_tokens = torch.ones(args.batch, args.context + 1, dtype=torch.bool, device=device)
+    indexer = "indexer (compress + scores + top-k)"
+    kept = f"attend window + top-{args.topk} entries"
+    dense = f"attend all {args.context + 1} tokens (MQA, same code)"
+    with torch.inference_mode():
+        selection = layer.indexer(hidden, q_res, positions, rope_cs["compress"], metadata)
+        parts = {
+            indexer: lambda: layer.indexer(hidden, q_res, positions, rope_cs["compress"],
+                                           metadata),
+            kept: lambda: layer._decode(q, positions, selection, metadata),
+            f"attend window + all {num} entries": lambda: layer._decode(
+                q, positions, everything, metadata),
+            dense: lambda: sink_attention(
+                q, paged_rows(cache, metadata.block_tables, rows, raw_pos), all_tokens,
+                layer.attn_sink, layer.scale),
+            "whole sparse layer step": lambda: layer(hidden, positions, rope_cs, metadata),
+        }
+        times = median_times(parts, args, device)
+    return times, indexer, kept, dense
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -200,7 +281,7 @@ def sync(device: torch.device) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="dsa", choices=["dsa", "msa"])
+    parser.add_argument("--model", default="dsa", choices=["dsa", "msa", "csa"])
     parser.add_argument("--context", type=int, default=8192)
     parser.add_argument("--topk", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=1)
@@ -225,6 +306,16 @@ def main() -> None:
             print(f"{name:44s} {seconds * 1e3:9.2f} ms")
         sparse = times["indexer (block scores + top-k)"] + times[kept]
         print(f"sparse (indexer + kept-block attention) / dense GQA decode: "
+              f"{sparse / times[dense]:.2f}")
+        return
+    if args.model == "csa":
+        print(f"CSA: context {args.context}, kept entries {args.topk}, batch {args.batch}, "
+              f"{args.dtype} on {device}")
+        times, indexer, kept, dense = time_csa(args, device, dtype)
+        for name, seconds in times.items():
+            print(f"{name:44s} {seconds * 1e3:9.2f} ms")
+        sparse = times[indexer] + times[kept]
+        print(f"sparse (indexer + window/kept-entry attention) / dense MQA over all tokens: "
               f"{sparse / times[dense]:.2f}")
         return
     print(f"context {args.context}, top-k {args.topk}, batch {args.batch}, heads {args.heads}, "

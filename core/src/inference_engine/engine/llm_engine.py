@@ -309,6 +309,7 @@ class LLMEngine:
             if misplaced:
                 raise ValueError(f"{', '.join(misplaced)}: block-diffusion settings; "
                                  f"{type(self.model).__name__} is autoregressive")
+        encoder_inputs = self._encoder_inputs(prompt)
         adapter = self._lora_adapter(lora_request)
         stop_ids = frozenset(params.stop_token_ids or ())
         eos = stop_ids if params.ignore_eos else self.eos_token_ids | stop_ids
@@ -326,6 +327,7 @@ class LLMEngine:
                 eos_token_ids=eos,
                 max_model_len=self.max_model_len,
                 lora=adapter,
+                encoder_inputs=encoder_inputs,
             )
             if self.diffusion is not None:
                 child.diffusion = self.diffusion.new_state(child_params)
@@ -366,6 +368,34 @@ class LLMEngine:
             raise ValueError(f"image inputs are not supported by {type(self.model).__name__} "
                              f"(text only): the prompt holds the image token {image_token}")
         self.diffusion.defaults.with_overrides(params.extra_args)
+
+    def _encoder_inputs(self, prompt: PromptInput) -> Any:
+        """A prompt dict's ``encoder_inputs`` (Whisper's log-mel features), checked by an
+        encoder-decoder model; None for a decoder-only model.
+
+        Raises:
+            ValueError: encoder inputs for a decoder-only model, or none (or unusable ones)
+                for an encoder-decoder model.
+        """
+        given = prompt.get("encoder_inputs") if isinstance(prompt, dict) else None
+        from inference_engine.interfaces.encoder_decoder import EncoderDecoderLM
+
+        model = self.model if isinstance(self.model, EncoderDecoderLM) else None
+        if model is None:
+            if given is not None:
+                raise ValueError(f"{type(self.model).__name__} is not an encoder-decoder model; "
+                                 f"it takes no encoder_inputs")
+            return None
+        error = model.encoder_input_error(given)
+        if error is not None:
+            raise ValueError(error)
+        return given
+
+    def _release_encoder(self, request_id: str) -> None:
+        """Free an encoder-decoder model's state of a request that is gone."""
+        release = getattr(self.model, "release_encoder", None)
+        if release is not None:
+            release(request_id)
 
     def _submit(self, request: Request) -> None:
         if request.params.structured_outputs is not None:
@@ -439,6 +469,7 @@ class LLMEngine:
             if self.spec is not None:
                 self.spec.remove(child.request.request_id)
             self.structured.remove(child.request.request_id)
+            self._release_encoder(child.request.request_id)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._groups) or bool(self._pending_outputs) or self._in_flight is not None

@@ -207,7 +207,9 @@ def load_model(
     dtype = compute_dtype(asked, platform)
     backends = attention_backend_candidates(model_config.attention_backend, platform)
     device = platform.device()
-    max_len = model_config.max_model_len or getattr(hf_config, "max_position_embeddings", 2048)
+    # Whisper names its decoder's limit max_target_positions.
+    max_len = (model_config.max_model_len or getattr(hf_config, "max_position_embeddings", None)
+               or getattr(hf_config, "max_target_positions", None) or 2048)
     ctx = ModelContext(
         hf_config=hf_config,
         dtype=dtype,

@@ -29,6 +29,7 @@ from inference_engine.engine.scheduler import SchedulerOutput
 from inference_engine.engine.state_cache import StateCachePool, state_layers
 from inference_engine.engine.step_inputs import StepInputBuffers
 from inference_engine.interfaces.attention import AttentionMetadata, KVCacheSpec
+from inference_engine.interfaces.encoder_decoder import EncoderDecoderLM
 from inference_engine.interfaces.model import CausalLM
 from inference_engine.interfaces.platform import Platform
 
@@ -75,6 +76,10 @@ class StepBatch:
     # Per sequence: its slot of the per-sequence state pool (hybrid models); None: the
     # sequences' own indices (a profiling step) or no state pool.
     state_slots: list[int] | None = None
+    # Encoder-decoder models: each sequence's request id and encoder input (None where
+    # no scheduled request has encoder inputs).
+    request_ids: list[str] | None = None
+    encoder_inputs: list[Any] | None = None
 
     @classmethod
     def from_scheduler(cls, out: SchedulerOutput,
@@ -107,11 +112,20 @@ class StepBatch:
             pending_rows=pending_rows,
             pending_ids=pending_ids if pending_rows else None,
             num_spec_tokens=spec if has_spec else None,
+            **_encoder_fields(scheduled),
         )
 
     @property
     def is_pure_decode(self) -> bool:
         return not self.prompt_rows and all(q == 1 for q in self.query_lens)
+
+
+def _encoder_fields(scheduled: Sequence[Any]) -> dict[str, Any]:
+    """StepBatch's request ids and encoder inputs, when some request has encoder inputs."""
+    inputs = [s.request.encoder_inputs for s in scheduled]
+    if all(x is None for x in inputs):
+        return {}
+    return {"request_ids": [s.request.request_id for s in scheduled], "encoder_inputs": inputs}
 
 
 def attention_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -177,6 +191,8 @@ class ModelRunner:
                                         sample_width=1 + num_speculative_tokens)
         self._graphs: dict[int, _DecodeGraph] = {}
         self._graph_sizes: list[int] = []
+        # An encoder-decoder model is told each step's requests before its forward.
+        self.encoder_decoder = model if isinstance(model, EncoderDecoderLM) else None
 
     # ---- set-up ---------------------------------------------------------------
     def kv_cache_specs(self) -> list[KVCacheSpec]:
@@ -191,6 +207,11 @@ class ModelRunner:
                 backend.prepare(self.device, self.pool.specs[i].dtype)
         self.model.kv_cache_bound()
         return self.pool
+
+    def release_request(self, request_id: str) -> None:
+        """The request is gone: an encoder-decoder model frees its encoder state."""
+        if self.encoder_decoder is not None:
+            self.encoder_decoder.release_encoder(request_id)
 
     def release_kv_cache(self) -> None:
         """Drop the pool (after a profiling run); layers hold no cache until the next one."""
@@ -226,6 +247,8 @@ class ModelRunner:
             return False, f"the {self.platform.name} platform cannot capture graphs"
         unsafe = sorted({_graph_unsafe_name(layer)
                          for layer in [*self.layers, *self.state_layers]} - {None})
+        if not getattr(self.model, "graph_safe", True):
+            unsafe.append(f"model {type(self.model).__name__}")
         if unsafe:
             return False, f"{', '.join(unsafe)} not graph-safe"
         return True, ""
@@ -408,6 +431,8 @@ class ModelRunner:
         self.buffers.upload(n)
         self._fill_pending(batch)
         metadata = self._metadata(batch, total)
+        if self.encoder_decoder is not None:
+            self.encoder_decoder.prepare_encoder(batch.request_ids, batch.encoder_inputs)
         hidden = self.model(self.buffers.device_view("input_ids", total),
                             self.buffers.device_view("positions", total), metadata)
         prompt_logits = {i: self.model.compute_logits(hidden[int(cu[i]) : int(cu[i + 1])])

@@ -63,6 +63,9 @@ class Request:
     # Block diffusion (``inference_engine.diffusion.DiffusionState``): its canvas and denoising
     # state; None for an autoregressive request.
     diffusion: Any = None
+    # Encoder-decoder models (Whisper): the input its encoder runs on once (log-mel
+    # features); None for a decoder-only request.
+    encoder_inputs: Any = None
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
@@ -81,7 +84,11 @@ class Request:
     @property
     def prefix_salt(self) -> int | None:
         """Seeds its prefix-cache keys: K/V computed under an adapter is reused only by
-        requests with the same adapter."""
+        requests with the same adapter. A request with encoder inputs salts them with its
+        own id and arrival: its decoder K/V depend on its audio, so only it (after a
+        preemption) may reuse them, even where the decoder prompt is the same."""
+        if self.encoder_inputs is not None:
+            return hash(("encoder", self.request_id, self.arrival_time))
         return None if self.lora is None else self.lora.request.prefix_salt
 
     @property

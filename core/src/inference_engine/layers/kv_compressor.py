@@ -51,12 +51,13 @@ class V4RMSNorm(nn.Module):
 
 
 def paged_rows(cache: torch.Tensor, block_tables: torch.Tensor, rows: torch.Tensor,
-               positions: torch.Tensor) -> torch.Tensor:
+               positions: torch.Tensor, columns: slice = slice(None)) -> torch.Tensor:
     """``cache [num_blocks, block_size, 1, W]`` entries at ``positions`` (any shape, each
-    ``>= 0``) of the sequences ``rows`` (same shape: row of ``block_tables``)."""
+    ``>= 0``) of the sequences ``rows`` (same shape: row of ``block_tables``); only
+    ``columns`` of each entry are read."""
     bs = cache.shape[1]
     blocks = block_tables[rows, torch.div(positions, bs, rounding_mode="floor")]
-    return cache[blocks, positions % bs, 0]
+    return cache[:, :, 0, columns][blocks, positions % bs]
 
 
 def compress_windows(kv: torch.Tensor, gate: torch.Tensor, ape: torch.Tensor,
@@ -154,7 +155,7 @@ class KVCompressor(nn.Module):
         start = (win - 1) * self.rate if self.overlap else win * self.rate
         src = start[:, None] + torch.arange(span, device=device)  # [n, span]
         inputs = paged_rows(cache, metadata.block_tables, rows[:, None].expand_as(src),
-                            src.clamp(min=0))[..., :2 * w]
+                            src.clamp(min=0), slice(0, 2 * w))
         entries = compress_windows(inputs[..., :w], inputs[..., w:], self.ape, win > 0,
                                    self.overlap)
         entries = self.norm(entries)
@@ -170,7 +171,7 @@ class KVCompressor(nn.Module):
         """Entries ``indices`` (any shape, ``>= 0``) of the sequences ``rows`` (same shape)
         -> ``[..., head_dim]``."""
         last_pos = indices * self.rate + self.rate - 1
-        return paged_rows(self.cache, block_tables, rows, last_pos)[..., 2 * self.width:]
+        return paged_rows(self.cache, block_tables, rows, last_pos, slice(2 * self.width, None))
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, rate={self.rate}, overlap={self.overlap}"

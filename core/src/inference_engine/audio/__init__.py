@@ -1,0 +1,1 @@
+"""Audio input for speech models: decoding uploads, Whisper log-mel features, the feature pool."""
