@@ -228,3 +228,31 @@ def test_server_serves_completions_chat_and_streams(model_dir, llm):
             assert r.status_code == 400 and "denoising_steps" in r.text
     finally:
         server.stop()
+
+
+def test_ar_and_diffusion_engines_stepped_together_match_alone(model_dir, hf_recipe,
+                                                               tiny_model_dirs):
+    """An engine holds one model, so the AR/diffusion mix is two engines stepped in turn
+    in one process (the scheduler-level mix in one budget is core's
+    test_diffusion_scheduling): each gets its lone output. The diffusion engine runs with
+    async scheduling on, which must not change its tokens."""
+    ar_llm = cpu_llm(tiny_model_dirs["qwen3"], max_model_len=256)
+    diffusion_llm = cpu_llm(model_dir, max_model_len=256, async_scheduling=True)
+    prompt = [5, 6, 7, 8, 9]
+    greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    ar_alone = ar_llm.generate([{"prompt_token_ids": prompt}], greedy)[0].outputs[0].token_ids
+    ar, dg = ar_llm.engine, diffusion_llm.engine
+    ar.add_request({"prompt_token_ids": prompt}, greedy, request_id="ar")
+    for i, p in enumerate(PROMPTS):
+        dg.add_request({"prompt_token_ids": p}, recipe_params(), request_id=f"d{i}")
+    results = {}
+    while ar.has_unfinished_requests() or dg.has_unfinished_requests():
+        for engine in (ar, dg):
+            for output in engine.step():
+                if output.finished:
+                    results[output.request_id] = output.outputs[0].token_ids
+    assert results["ar"] == ar_alone
+    assert [results[f"d{i}"] for i in range(len(PROMPTS))] == hf_recipe
+    with pytest.raises(ValueError, match="max_denoising_steps"):
+        ar.add_request({"prompt_token_ids": prompt},
+                       SamplingParams(extra_args={"max_denoising_steps": 4}))
