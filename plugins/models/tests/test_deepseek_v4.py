@@ -328,11 +328,35 @@ def test_chunked_prefill_then_mixed_decode_steps(pair):
     third = run_step(twin, [Seq(a, 13, blocks_a), Seq(c, 22, blocks_b)])
     assert_close(third[:14], hf_logits(hf, a)[13:])
     assert_close(third[14:], hf_logits(hf, c)[22:])
-    for step in range(6):  # a and c close windows of both rates on the way
+    for step in range(6):  # a closes CSA and HCA windows on the way, c a CSA one
         a, c = a + tokens(1, 30 + step), c + tokens(1, 40 + step)
         logits = run_step(twin, [Seq(c, len(c) - 1, blocks_b), Seq(a, len(a) - 1, blocks_a)])
         assert_close(logits[:1], hf_logits(hf, c)[-1:])
         assert_close(logits[1:], hf_logits(hf, a)[-1:])
+
+
+def test_prefix_blocks_carry_partial_window_state(pair):
+    """A second sequence reusing the first one's blocks up to token 12 (mid HCA window, the
+    prefix cache's block-aligned reuse) continues from the inputs and entries stored there."""
+    config, hf, tensors = pair
+    twin = ours(config, tensors)
+    a = tokens(30, 11)
+    blocks_a = [3, 8, 1, 12, 5, 9, 14, 2]
+    run_step(twin, [Seq(a, 0, blocks_a)])
+    b = a[:12] + tokens(18, 12)
+    logits = run_step(twin, [Seq(b, 12, blocks_a[:3] + [20, 21, 22, 23, 24])])
+    assert_close(logits, hf_logits(hf, b)[12:])
+
+
+def test_layers_keep_graphs_off(pair):
+    """No V4 cache layer claims to be graph-safe (host lists drive the compressor), so the
+    runner never captures its decode steps."""
+    from inference_engine.engine.model_runner import _graph_unsafe_name
+
+    config, _, tensors = pair
+    layers = attention_layers(ours(config, tensors).model)
+    assert len(layers) == 4 + 3 + 2  # K=V rows, compressors, CSA indexer compressors
+    assert all(_graph_unsafe_name(layer) is not None for layer in layers)
 
 
 @pytest.mark.parametrize(("change", "message"), [
