@@ -221,30 +221,83 @@ class SchedulerConfig:
 
 @dataclass
 class ParallelConfig:
-    """Devices and parallelism (tensor/expert parallelism come later)."""
+    """Devices and parallelism (docs/distributed.md).
+
+    ``tensor_parallel_size x data_parallel_size`` ranks run the model; with
+    ``enable_expert_parallel`` the MoE experts are placed over all of them. The
+    executor starts the ranks: ``mp`` (spawned processes on this node), ``ray``
+    (actors across a Ray cluster) or ``external_launcher`` (torchrun started every
+    rank, each running this engine).
+    """
 
     tensor_parallel_size: int = 1
-    # Device indices to use (``--device-ids 0,1`` or "0,1"); CUDA_VISIBLE_DEVICES is never set.
+    # Data-parallel replicas (attention per rank, MoE in lockstep): only 1 is implemented.
+    data_parallel_size: int = 1
+    # Place MoE experts over the ranks instead of slicing each expert (vLLM's flag).
+    enable_expert_parallel: bool = False
+    # Expert-parallel transport: "allgather_reducescatter" (vLLM's default) or "alltoall".
+    all2all_backend: str = "allgather_reducescatter"
+    # "mp", "ray" or "external_launcher"; None: mp when there is more than one rank.
+    distributed_executor_backend: str | None = None
+    # Seconds a collective waits for a peer before failing (a dead rank is an error).
+    collective_timeout: float = 120.0
+    # Device indices to use (``--device-ids 0,1`` or "0,1"), one per local rank;
+    # CUDA_VISIBLE_DEVICES is never set.
     device_ids: list[int] | str | None = None
     # Force a platform by name (``--platform``); None: the present one with top priority.
     platform: str | None = None
 
     def __post_init__(self) -> None:
-        if self.tensor_parallel_size != 1:
-            raise ValueError("--tensor-parallel-size > 1 is not supported yet")
+        for name in ("tensor_parallel_size", "data_parallel_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} must be a positive integer, got {value!r}")
+        if self.data_parallel_size != 1:
+            raise ValueError("--data-parallel-size > 1 is not implemented yet (attention-"
+                             "per-rank data parallelism, issue 22 item 4)")
+        if self.distributed_executor_backend not in (None, *EXECUTOR_BACKENDS):
+            raise ValueError(f"--distributed-executor-backend must be one of "
+                             f"{', '.join(EXECUTOR_BACKENDS)}, got "
+                             f"{self.distributed_executor_backend!r}")
+        if self.all2all_backend not in ALL2ALL_BACKENDS:
+            raise ValueError(f"--all2all-backend must be one of {', '.join(ALL2ALL_BACKENDS)}, "
+                             f"got {self.all2all_backend!r}")
+        if self.collective_timeout <= 0:
+            raise ValueError(f"collective_timeout must be positive, got "
+                             f"{self.collective_timeout}")
         if self.device_ids is not None:
             from inference_engine.platforms.device_ids import parse_device_ids
 
             # Accepts "0,2" or [0, 2]; raises for non-integers, negatives, repeats.
             self.device_ids = parse_device_ids(self.device_ids)
-        if self.device_ids and len(self.device_ids) != self.tensor_parallel_size:
+        if self.device_ids and self.executor_backend == "external_launcher":
+            if len(self.device_ids) < 1:
+                raise ValueError("--device-ids is empty")
+        elif self.device_ids and len(self.device_ids) != self.world_size:
             raise ValueError(
                 f"--device-ids {','.join(map(str, self.device_ids))} names "
-                f"{len(self.device_ids)} devices, but one worker drives one device and "
-                f"tensor_parallel_size is {self.tensor_parallel_size} (tensor parallelism is "
-                f"not supported yet); pass one id per worker, e.g. --device-ids "
-                f"{self.device_ids[-1]}"
+                f"{len(self.device_ids)} devices, but one rank drives one device and there are "
+                f"{self.world_size} ranks (tensor_parallel_size {self.tensor_parallel_size} x "
+                f"data_parallel_size {self.data_parallel_size}); pass one id per rank"
             )
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.data_parallel_size
+
+    @property
+    def executor_backend(self) -> str:
+        """The executor in effect: the one asked for, else ``mp`` (``uni`` for one rank)."""
+        if self.distributed_executor_backend is not None:
+            return self.distributed_executor_backend
+        return "mp" if self.world_size > 1 else "uni"
+
+
+# How the ranks are started (--distributed-executor-backend, vLLM's names).
+EXECUTOR_BACKENDS = ("mp", "ray", "external_launcher")
+# Expert-parallel transports (--all2all-backend); see layers/moe/expert_parallel.py.
+ALL2ALL_BACKENDS = ("allgather_reducescatter", "alltoall")
 
 
 @dataclass

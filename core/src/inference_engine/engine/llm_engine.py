@@ -5,12 +5,15 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from inference_engine.config import EngineConfig
+from inference_engine.distributed.executor import start_executor
+from inference_engine.distributed.worker import engine_device_ids
 from inference_engine.engine.held_samples import HeldSamples
 from inference_engine.engine.kv_cache import BlockManager, KVCachePool, log_capacity
 from inference_engine.engine.loader import load_model
@@ -61,9 +64,14 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig, show_progress: bool = True) -> None:
         self.config = config
-        self.platform = select_platform(config.parallel.platform, config.parallel.device_ids)
+        self.platform = select_platform(config.parallel.platform, engine_device_ids(config))
         set_current_platform(self.platform)
         self.platform.set_up_process()
+        # Tensor/expert parallelism: the other ranks started (or joined) before the model is
+        # built, as its layers take their shard from the process's groups (distributed/).
+        self.executor = start_executor(config)
+        if self.executor is not None:
+            weakref.finalize(self, self.executor.shutdown)
         if config.model.seed is not None:
             torch.manual_seed(config.model.seed)
         loaded = load_model(config.model, config.quant, self.platform, show_progress)
@@ -93,8 +101,11 @@ class LLMEngine:
             # Block diffusion: the encoder's MoE reads routing counts on the host, and its
             # denoise passes run eagerly in any case.
             enforce_eager=config.model.enforce_eager or self.lora is not None
+            or self.executor is not None  # no graphs around collectives (yet)
             or isinstance(self.model, BlockDiffusionLM),
         )
+        if self.executor is not None:  # the runner's collective calls reach every rank
+            self.runner = self.executor.wrap_runner(self.runner)
         # Hybrid models: a per-sequence state slot for every request that can run at once,
         # allocated before the KV pool is sized (it comes out of the same budget).
         state_pool = self.runner.allocate_state_cache(sched.max_num_seqs)
@@ -148,7 +159,7 @@ class LLMEngine:
         # Async scheduling (vLLM's): step N+1 is launched before step N's ids are read.
         option = config.scheduler.async_scheduling
         self.async_scheduling = (self.platform.supports_async_scheduling() if option is None
-                                 else option)
+                                 else option) and self.executor is None
         if self.spec is not None:
             if option:
                 raise ValueError("async_scheduling and speculative_config cannot be combined: "
@@ -157,6 +168,11 @@ class LLMEngine:
         self._in_flight: _StepInFlight | None = None
         self.num_generated_tokens = 0
         self.num_prompt_tokens_computed = 0
+
+    def shutdown(self) -> None:
+        """Stop the other ranks of a distributed engine (nothing to do on one device)."""
+        if self.executor is not None:
+            self.executor.shutdown()
 
     # ---- set-up -------------------------------------------------------------
     def _make_lora_manager(self) -> Any:

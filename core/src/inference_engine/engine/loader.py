@@ -220,6 +220,7 @@ def load_model(
         max_model_len=int(max_len),
         kv_cache_dtype=kv_cache_dtype(model_config.kv_cache_dtype, asked, dtype),
     )
+    _check_parallel_quant(ctx.quant_method)
     with torch.device(device):
         model = model_cls(ctx)
     model.eval()
@@ -250,6 +251,22 @@ def load_model(
     return LoadedModel(model, hf_config, tokenizer, eos, dtype, int(max_len), architecture,
                        sampling_generation_config(model_config.generation_config,
                                                   checkpoint_generation_config))
+
+
+def _check_parallel_quant(method: Any) -> None:
+    """Quantized layers do not shard their scales yet: refuse them under TP/EP by name.
+
+    Raises:
+        ValueError: a quantized checkpoint (or --quantization) with more than one rank.
+    """
+    from inference_engine.distributed.parallel_state import parallel_state
+
+    state = parallel_state()
+    name = getattr(method, "name", type(method).__name__)
+    if (state.tp.size > 1 or state.ep.size > 1) and name != "unquantized":
+        raise ValueError(f"quantization {name!r} under tensor/expert parallelism is not "
+                         f"implemented (its scales are not sharded with the weights); run it "
+                         f"on one device")
 
 
 def sampling_generation_config(choice: str, checkpoint: dict[str, Any]) -> dict[str, Any]:

@@ -244,6 +244,15 @@ class Platform(ABC):  # noqa: B024 - every method has a working default
         step can be captured); a no-op where the device is the host."""
         return nullcontext()
 
+    def distributed_backend(self) -> str:
+        """The torch.distributed backend for this platform's devices (tensor/expert parallel
+        collectives): gloo on the host; device platforms answer their own (NCCL, RCCL...)."""
+        return "gloo"
+
+    def ray_actor_resources(self) -> dict[str, float]:
+        """What one rank's Ray actor asks the cluster for (one device: ``{"num_gpus": 1}``)."""
+        return {"num_cpus": 0}
+
     def supports_async_scheduling(self) -> bool:
         """Whether the device runs work asynchronously to the host, so scheduling the next
         step while this one runs pays (the default for ``async_scheduling``)."""

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from inference_engine.distributed.parallel_state import parallel_state
 from inference_engine.interfaces.attention import AttentionMetadata
 from inference_engine.interfaces.model import CausalLM, ModelContext
 from inference_engine.layers.attention import Attention
@@ -102,6 +103,9 @@ class DecoderAttention(nn.Module):
                                           bias=options.qkv_bias)
         self.o_proj = RowLinear(ctx, self.q_size, cfg.hidden_size, f"{prefix}.o_proj",
                                 bias=options.o_bias)
+        # This rank's heads under tensor parallelism (all of them on one device).
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
         self.q_norm, self.k_norm = self.make_qk_norm(ctx) or (None, None)
         # q/k norm and rotary, chosen once for the device the model is built on.
         self.fused_op = choose_fused_op(getattr(ctx, "device", None))
@@ -266,6 +270,8 @@ class DecoderLayer(nn.Module):
         attention with the CPU q/k kernels, the gated SiLU MLP and RMSNorms on the CPU kernels."""
         if type(self) is not DecoderLayer or self.residual_scale != 1.0:
             return "not the plain pre-norm decoder layer"
+        if parallel_state().tp.size > 1:
+            return "tensor parallelism (the all-reduces run between the C++ layers)"
         for norm in (self.input_layernorm, self.post_attention_layernorm):
             if type(norm) is not RMSNorm or norm.fused_op != "cpu":
                 return "its norms are not the CPU RMSNorm"

@@ -32,9 +32,10 @@ from inference_engine.builtin.attention.common import (
     gather_blocks,
     gather_context,
 )
+from inference_engine.distributed.parallel_state import parallel_state
 from inference_engine.interfaces.attention import AttentionMetadata, KVCacheSpec
 from inference_engine.interfaces.model import ModelContext
-from inference_engine.layers.linear import ReplicatedLinear, RowLinear
+from inference_engine.layers.linear import ColumnLinear, ReplicatedLinear, RowLinear
 from inference_engine.layers.norm import RMSNorm
 from inference_engine.layers.rotary import RotaryTable, rope_parameters
 
@@ -68,7 +69,11 @@ class MLAAttention(nn.Module):
         super().__init__()
         cfg = ctx.hf_config
         self.prefix = prefix
-        self.num_heads = h = cfg.num_attention_heads
+        # Under tensor parallelism each rank runs num_heads / tp heads: q and kv_b are split
+        # by heads (column), o_proj by its input (row); the latent cache is every head's,
+        # so each rank keeps the whole latent (as vLLM).
+        total_heads = cfg.num_attention_heads
+        self.num_heads = h = total_heads // max(1, parallel_state().tp.size)
         self.nope_dim, self.rope_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
         self.v_dim, self.rank = cfg.v_head_dim, cfg.kv_lora_rank
         self.qk_dim = self.nope_dim + self.rope_dim
@@ -76,19 +81,22 @@ class MLAAttention(nn.Module):
         hidden = cfg.hidden_size
         self.q_lora_rank = getattr(cfg, "q_lora_rank", None)
         if self.q_lora_rank is None:
-            self.q_proj = ReplicatedLinear(ctx, hidden, h * self.qk_dim, f"{prefix}.q_proj")
+            self.q_proj = ColumnLinear(ctx, hidden, total_heads * self.qk_dim,
+                                       f"{prefix}.q_proj")
         else:
             self.q_a_proj = ReplicatedLinear(ctx, hidden, self.q_lora_rank, f"{prefix}.q_a_proj",
                                              bias=bias)
             self.q_a_layernorm = RMSNorm(self.q_lora_rank, 1e-6, ctx.dtype)
-            self.q_b_proj = ReplicatedLinear(ctx, self.q_lora_rank, h * self.qk_dim,
-                                             f"{prefix}.q_b_proj")
+            self.q_b_proj = ColumnLinear(ctx, self.q_lora_rank, total_heads * self.qk_dim,
+                                         f"{prefix}.q_b_proj")
         self.kv_a_proj_with_mqa = ReplicatedLinear(ctx, hidden, self.rank + self.rope_dim,
                                                    f"{prefix}.kv_a_proj_with_mqa", bias=bias)
         self.kv_a_layernorm = RMSNorm(self.rank, 1e-6, ctx.dtype)
-        self.kv_b_proj = ReplicatedLinear(ctx, self.rank, h * (self.nope_dim + self.v_dim),
-                                          f"{prefix}.kv_b_proj")
-        self.o_proj = RowLinear(ctx, h * self.v_dim, hidden, f"{prefix}.o_proj", bias=bias)
+        self.kv_b_proj = ColumnLinear(ctx, self.rank,
+                                      total_heads * (self.nope_dim + self.v_dim),
+                                      f"{prefix}.kv_b_proj")
+        self.o_proj = RowLinear(ctx, total_heads * self.v_dim, hidden, f"{prefix}.o_proj",
+                                bias=bias)
         self.scale = mla_softmax_scale(cfg)
         self.dtype = ctx.dtype
         # Interleaved rope pairs -> neox halves.

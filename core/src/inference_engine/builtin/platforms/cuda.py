@@ -114,6 +114,18 @@ class TorchCudaRuntime(Platform):
     def supports_async_scheduling(self) -> bool:
         return not self.info.simulated
 
+    def distributed_backend(self) -> str:
+        # RCCL under the same name on ROCm. NCCL needs the rank's device current before
+        # its first collective: the engine calls set_up_process first.
+        return "nccl"
+
+    def set_up_process(self) -> None:
+        if not self.info.simulated:
+            torch.cuda.set_device(self.device())
+
+    def ray_actor_resources(self) -> dict[str, float]:
+        return {"num_cpus": 0, "num_gpus": 1}
+
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device())
 

@@ -15,8 +15,16 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from inference_engine.distributed.collectives import SINGLE_RANK, GroupCollectives
+from inference_engine.distributed.parallel_state import parallel_state
 from inference_engine.interfaces.model import ModelContext
 from inference_engine.layers.moe.activation import SILU, ExpertActivation
+from inference_engine.layers.moe.dispatch import expert_counts
+from inference_engine.layers.moe.expert_parallel import (
+    ExpertPlacement,
+    allgather_reducescatter_experts,
+    alltoall_experts,
+)
 from inference_engine.layers.moe.method import FusedMoEMethod, UnquantizedFusedMoEMethod
 from inference_engine.layers.moe.torch_experts import fused_moe_torch
 
@@ -70,6 +78,48 @@ def _transformed(loader: Callable[..., None], name: str,
     return load
 
 
+def shard_expert_loader(loader: Callable[..., None], name: str, placement: ExpertPlacement,
+                        tp: GroupCollectives, intermediate_size: int) -> Callable[..., None]:
+    """``loader`` fed this rank's part of full checkpoint tensors: only the local experts
+    (expert parallelism; a remote expert's tensor is skipped), and under tensor parallelism
+    only this rank's slice of each expert's intermediate width (gate and up alike; the down
+    bias kept by TP rank 0 alone, as it is added before the all-reduce)."""
+    inter, rank, size = intermediate_size, tp.rank, tp.size
+    part = inter // size
+
+    def tp_rows(t: torch.Tensor, dim: int, gate_up: bool) -> torch.Tensor:
+        if size == 1:
+            return t
+        if gate_up:
+            return torch.cat((t.narrow(dim, rank * part, part),
+                              t.narrow(dim, inter + rank * part, part)), dim=dim)
+        return t.narrow(dim, rank * part, part)
+
+    def load(param: torch.Tensor, loaded: torch.Tensor, shard_id: object = None) -> None:
+        if shard_id is not None:  # one expert's gate / up / down
+            expert, which = shard_id  # type: ignore[misc]
+            local = placement.local_index(int(expert))
+            if local is None:
+                return
+            if size > 1:
+                loaded = loaded.narrow(0 if which in ("gate", "up") else 1, rank * part, part)
+            loader(param, loaded, (local, which))
+            return
+        # A stacked [E, ...] tensor: this rank's experts, then its intermediate slice.
+        loaded = loaded.narrow(0, placement.start, placement.num_local)
+        if name == "gate_up_proj":
+            loaded = tp_rows(loaded, 1, True)
+        elif name == "gate_up_proj_bias":
+            loaded = tp_rows(loaded, 1, True)
+        elif name == "down_proj":
+            loaded = tp_rows(loaded, 2, False)
+        elif name == "down_proj_bias" and rank > 0:
+            loaded = torch.zeros_like(loaded)
+        loader(param, loaded)
+
+    return load
+
+
 class FusedMoE(nn.Module):
     """``num_experts`` gated MLPs (``hidden -> 2 * intermediate -> hidden``) applied by routing.
 
@@ -105,8 +155,31 @@ class FusedMoE(nn.Module):
         # Named like linear layers' attribute, so the loader's process-after-loading pass finds it.
         self.quant_method: FusedMoEMethod = (
             ctx.quant_method.fused_moe_method(prefix) or UnquantizedFusedMoEMethod())
-        self.quant_method.create_weights(self, prefix, num_experts, hidden_size,
-                                         intermediate_size, ctx.dtype, bias)
+        # Parallelism, fixed at build: experts placed over the EP ranks (whole experts), or
+        # under tensor parallelism each expert's intermediate width split like an MLP's.
+        ps = parallel_state()
+        self.placement = ExpertPlacement(num_experts, ps.ep.size, ps.ep.rank)
+        self._ep, self._tp = ps.ep, (ps.tp if ps.ep.size == 1 else SINGLE_RANK)
+        self.all2all_backend = ps.all2all_backend
+        if self._tp.size > 1 and intermediate_size % self._tp.size:
+            raise ValueError(f"{prefix}: expert intermediate size ({intermediate_size}) is not "
+                             f"divisible by tensor_parallel_size ({self._tp.size})")
+        self.local_intermediate = intermediate_size // self._tp.size
+        self.register_buffer("global_to_local", self.placement.global_to_local(),
+                             persistent=False)
+        # Assignments routed to each expert (every rank counts all of them), when parallel:
+        # the load a future expert balancer reads (exported in /metrics).
+        self.register_buffer("expert_load", torch.zeros(num_experts, dtype=torch.int64),
+                             persistent=False)
+        self.quant_method.create_weights(self, prefix, self.placement.num_local, hidden_size,
+                                         self.local_intermediate, ctx.dtype, bias)
+        if self._ep.size > 1 or self._tp.size > 1:
+            if type(self.quant_method) is not UnquantizedFusedMoEMethod:
+                raise ValueError(f"{prefix}: tensor/expert parallelism of quantized experts "
+                                 f"({type(self.quant_method).__name__}) is not implemented")
+            for name, param in self.named_parameters(recurse=False):
+                param.weight_loader = shard_expert_loader(  # type: ignore[attr-defined]
+                    param.weight_loader, name, self.placement, self._tp, intermediate_size)
         if checkpoint_transform is not None:
             for name, param in self.named_parameters(recurse=False):
                 param.weight_loader = _transformed(  # type: ignore[attr-defined]
@@ -130,8 +203,22 @@ class FusedMoE(nn.Module):
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """``x [T, hidden]``, router ``weights``/``ids [T, k]`` -> ``[T, hidden]``."""
         gate_up, down, gate_up_bias, down_bias = self.quant_method.expert_weights(self)
-        return self._experts_fn(x, gate_up, down, weights, ids, self.activation,
-                                gate_up_bias, down_bias)
+        if self._ep.size == 1 and self._tp.size == 1:
+            return self._experts_fn(x, gate_up, down, weights, ids, self.activation,
+                                    gate_up_bias, down_bias)
+        self.expert_load += expert_counts(ids.reshape(-1), self.num_experts)
+        if self._ep.size == 1:  # tensor parallel: partial sums of every expert's slice
+            out = self._experts_fn(x, gate_up, down, weights, ids, self.activation,
+                                   gate_up_bias, down_bias)
+            return self._tp.all_reduce(out)
+
+        def local(xs: torch.Tensor, ws: torch.Tensor, local_ids: torch.Tensor) -> torch.Tensor:
+            return self._experts_fn(xs, gate_up, down, ws, local_ids, self.activation,
+                                    gate_up_bias, down_bias)
+
+        transport = (alltoall_experts if self.all2all_backend == "alltoall"
+                     else allgather_reducescatter_experts)
+        return transport(x, weights, ids, self.placement, self.global_to_local, local, self._ep)
 
     def extra_repr(self) -> str:
         return (f"experts={self.num_experts}, hidden={self.hidden_size}, "
