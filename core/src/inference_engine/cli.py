@@ -301,6 +301,12 @@ def serve(
              "aborted (0: abort at once).")] = 30.0,
     vllm_metric_names: Annotated[bool, typer.Option(
         help="Also expose /metrics under vLLM's names (vllm: prefix) for its dashboards.")] = False,
+    max_audio_file_size_mb: Annotated[float, typer.Option(
+        help="Largest audio upload /v1/audio/transcriptions and /translations take "
+             "(MiB).")] = 25.0,
+    max_audio_seconds: Annotated[float, typer.Option(
+        help="Longest audio a transcription takes (seconds); longer uploads are a "
+             "400.")] = 1800.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
     config: ConfigFileOption = None,
 ) -> None:
@@ -328,6 +334,7 @@ def serve(
             chat_template=None if chat_template is None else load_chat_template(chat_template),
             trust_request_chat_template=trust_request_chat_template,
             log_level=log_level.lower(), vllm_metric_names=vllm_metric_names,
+            max_audio_file_size_mb=max_audio_file_size_mb, max_audio_seconds=max_audio_seconds,
             lora_modules=parse_key_values(lora_modules, "--lora-modules"),
         )
         engine_config = EngineConfig.from_kwargs(

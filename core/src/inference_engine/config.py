@@ -101,6 +101,10 @@ class ServerConfig:
     vllm_metric_names: bool = False
     # Seconds in-flight requests get to finish after SIGINT/SIGTERM before they are aborted.
     shutdown_timeout: float = 30.0
+    # Speech endpoints: the largest audio upload (MiB; vLLM's default 25) and the longest
+    # audio (seconds) a transcription takes.
+    max_audio_file_size_mb: float = 25.0
+    max_audio_seconds: float = 1800.0
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -113,6 +117,11 @@ class ServerConfig:
         if self.tool_call_streaming not in ("incremental", "whole"):
             raise ValueError("--tool-call-streaming must be incremental or whole, got "
                              f"{self.tool_call_streaming!r}")
+        if not self.max_audio_file_size_mb > 0:
+            raise ValueError(f"--max-audio-file-size-mb must be positive, got "
+                             f"{self.max_audio_file_size_mb}")
+        if not self.max_audio_seconds > 0:
+            raise ValueError(f"--max-audio-seconds must be positive, got {self.max_audio_seconds}")
         if self.shutdown_timeout < 0:
             raise ValueError(f"--shutdown-timeout must be non-negative, got "
                              f"{self.shutdown_timeout}")

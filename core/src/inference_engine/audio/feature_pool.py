@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -90,6 +91,10 @@ class FeaturePool:
         self.num_clips += len(clips)
         self.num_batches += 1
         return torch.cat(results)
+
+    async def run(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` on a worker (audio decoding), never on the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     def extract_sync(self, clips: list[np.ndarray]) -> torch.Tensor:
         """The same batch computed from plain (non-async) code, on the pool."""

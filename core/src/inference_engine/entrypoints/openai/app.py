@@ -40,6 +40,7 @@ from inference_engine.entrypoints.openai.protocol import (
 )
 from inference_engine.entrypoints.openai.security import APIKeyMiddleware
 from inference_engine.entrypoints.openai.serving import ModelServing
+from inference_engine.entrypoints.openai.transcriptions import add_speech_routes
 from inference_engine.lora.serving import ServedLoRAs, add_lora_routes
 
 __all__ = ["build_app", "make_parser_factory"]
@@ -149,6 +150,7 @@ def build_app(engine: AsyncLLM, config: ServerConfig, parsers: Any = None,
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
         serving.close()
+        speech.close()
         if shutdown_engine and engine.is_running:
             with contextlib.suppress(Exception):
                 aborted = await engine.abort_all()
@@ -279,6 +281,8 @@ def build_app(engine: AsyncLLM, config: ServerConfig, parsers: Any = None,
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
     add_lora_routes(app, serving.loras)
+    speech = add_speech_routes(app, serving, int(config.max_audio_file_size_mb * (1 << 20)),
+                               config.max_audio_seconds)
 
     app.add_middleware(ServerLoadMiddleware, load=load)
     # Added first so it is innermost: its 500s pass through auth and CORS like any answer.
