@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from inference_engine import SamplingParams
 from inference_engine.testing import cpu_llm, make_tiny_model, train_tiny_tokenizer
 from inference_engine.testing_diffusion import DETERMINISTIC_RECIPE, make_tiny_diffusion_gemma
@@ -50,7 +49,8 @@ def run(llm, prompts: list[list[int]], params: SamplingParams) -> dict[str, floa
     passes0 = stepper.num_passes if stepper else 0
     blocks0 = stepper.num_blocks if stepper else 0
     for i, p in enumerate(prompts):
-        engine.add_request({"prompt_token_ids": p}, params.clone(), request_id=f"b{i}-{time.time()}")
+        engine.add_request({"prompt_token_ids": p}, params.clone(),
+                           request_id=f"b{i}-{time.time()}")
     steps, tokens = 0, 0
     start = time.perf_counter()
     while engine.has_unfinished_requests():

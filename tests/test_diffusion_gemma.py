@@ -13,7 +13,6 @@ import json
 import httpx
 import pytest
 import torch
-
 from inference_engine import SamplingParams
 from inference_engine.sampling_params import RequestOutputKind
 from inference_engine.testing import TEST_PLATFORM, ServerProcess, cpu_llm
@@ -64,10 +63,9 @@ def recipe_params(**kw) -> SamplingParams:
 def test_denoise_logits_match_transformers_over_a_cached_prefix(hf_model, llm):
     """One decoder pass (self-conditioning on) over a 13-token prefix, past the sliding
     window: our logits are transformers'."""
-    from transformers import DynamicCache
-
     from inference_engine.engine.model_runner import StepBatch
     from inference_engine.engine.scheduler import ScheduledRequest
+    from transformers import DynamicCache
 
     engine = llm.engine
     prompt = list(range(40, 53))
@@ -166,12 +164,11 @@ def test_committed_blocks_stream_one_block_at_a_time(llm):
 
 
 def test_settings_come_from_the_generation_config_and_extra_args(llm, model_dir):
+    from inference_engine.diffusion import DiffusionSettings
     from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
         DiffusionGemmaGenerationConfig,
         EntropyBoundSamplerConfig,
     )
-
-    from inference_engine.diffusion import DiffusionSettings
 
     config = DiffusionGemmaGenerationConfig(
         max_denoising_steps=12, sampler_config=EntropyBoundSamplerConfig(entropy_bound=0.3),

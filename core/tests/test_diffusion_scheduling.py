@@ -4,7 +4,6 @@ DENOISE slots charged ``canvas_length`` and writing no cache, ENCODE chunks neve
 from __future__ import annotations
 
 import torch
-
 from inference_engine.config import SchedulerConfig
 from inference_engine.diffusion import DiffusionSettings, DiffusionState
 from inference_engine.engine.kv_cache import BlockManager

@@ -25,12 +25,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from inference_engine.interfaces.attention import AttentionMetadata
 from inference_engine.interfaces.block_diffusion import BlockDiffusionLM
 from inference_engine.interfaces.model import ModelContext
 from inference_engine.layers import Attention, ReplicatedLinear, load_checkpoint_weights
+from torch import nn
 
 __all__ = ["DiffusionGemmaForBlockDiffusion"]
 
