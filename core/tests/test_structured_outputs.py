@@ -190,3 +190,40 @@ def test_compile_cache_keeps_the_most_recent(model_path):
     assert [k[1] for k in pool._cache] == ["a", "c"]
     assert pool.compile(StructuredOutputsParams(regex="b")).grammar is not None
     pool.close()
+
+
+# ---- reasoning models in the Python API (LLM(reasoning_parser=...)) ---------------------
+DEMO_MODEL = __import__("pathlib").Path(__file__).resolve().parents[2] / "models" / \
+    "demo-qwen3-tiny"
+WEATHER = {"type": "object", "additionalProperties": False,
+           "properties": {"city": {"type": "string", "maxLength": 16},
+                          "celsius": {"type": "integer", "minimum": -40, "maximum": 50}},
+           "required": ["city", "celsius"]}
+
+
+def test_llm_reasoning_parser_starts_the_constraint_after_the_reasoning():
+    """The demo model reasons before answering. With ``reasoning_parser`` the schema holds
+    for the content after ``</think>`` (split off by the same parser) while the reasoning
+    stays free; with thinking switched off, or without a parser, it holds from the first
+    token."""
+    from inference_engine.parsing import PipelineFactory
+    from inference_engine.registry import UnknownNameError
+
+    with pytest.raises(UnknownNameError):
+        cpu_llm(DEMO_MODEL, reasoning_parser="no_such_parser")
+    llm = cpu_llm(DEMO_MODEL, reasoning_parser="qwen3", async_scheduling=False)
+    conversation = [{"role": "user", "content": "What is the weather like in Tokyo?"}]
+    params = [SamplingParams(temperature=0.7, seed=seed, max_tokens=400,
+                             structured_outputs=_json(WEATHER)) for seed in range(2)]
+    parser = PipelineFactory(None, "qwen3")
+    for thinking in (None, False):
+        kwargs = None if thinking is None else {"enable_thinking": thinking}
+        outputs = llm.chat([conversation] * 2, params, chat_template_kwargs=kwargs)
+        for output in outputs:
+            text = output.outputs[0].text
+            result = parser.parse(text, enable_thinking=thinking).simple()
+            jsonschema.validate(json.loads(result["content"]), WEATHER)
+            assert bool(result["reasoning"]) == (thinking is None), text
+    plain = cpu_llm(DEMO_MODEL, async_scheduling=False)
+    text = plain.chat([conversation], params[:1])[0].outputs[0].text
+    jsonschema.validate(json.loads(text), WEATHER)  # no parser: JSON from the first token

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,9 +24,21 @@ class LLM:
     ``max_num_batched_tokens``, ``enable_prefix_caching``, ``kv_cache_memory``,
     ``device_ids``, ``attention_backend``, ``quantization``, ``enable_lora``,
     ``max_loras``, ``max_lora_rank``, ``max_cpu_loras``, ...).
+
+    ``reasoning_parser`` (a registered name, as vLLM's engine argument): structured
+    outputs (``SamplingParams.structured_outputs``) then apply once the model has closed
+    its reasoning section, as on the server.
     """
 
-    def __init__(self, model: str, show_progress: bool = True, **kwargs: Any) -> None:
+    def __init__(self, model: str, show_progress: bool = True,
+                 reasoning_parser: str | None = None, **kwargs: Any) -> None:
+        self.reasoning_parser_cls = None
+        if reasoning_parser is not None:
+            from inference_engine.plugins import get_plugins
+
+            # Before the model loads, so an unknown name fails fast (UnknownNameError).
+            self.reasoning_parser_cls = get_plugins().registry.resolve("reasoning_parsers",
+                                                                       reasoning_parser)
         self.config = EngineConfig.from_kwargs(model, **kwargs)
         self.engine = LLMEngine(self.config, show_progress=show_progress)
         self.show_progress = show_progress
@@ -39,11 +52,15 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool | None = None,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        *,
+        enable_thinking: bool | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to completion, batched together; outputs in prompt order.
 
         ``lora_request``: one adapter for every prompt, or a list with one (or None) per
-        prompt (needs ``enable_lora=True``).
+        prompt (needs ``enable_lora=True``). ``enable_thinking``: whether the prompts leave
+        the model in its reasoning section (None: the reasoning parser's default); only
+        read with a ``reasoning_parser``.
         """
         if isinstance(prompts, (str, dict)) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
@@ -67,6 +84,8 @@ class LLM:
         engine = self.engine
         prompts = [truncate_prompt(engine, prompt, params.truncate_prompt_tokens)
                    for prompt, params in zip(prompts, params_list, strict=True)]
+        params_list = [self._after_reasoning(prompt, params, enable_thinking)
+                       for prompt, params in zip(prompts, params_list, strict=True)]
         base = f"llm-{id(self)}-{engine.num_unfinished_requests()}-"
         ids = []
         try:
@@ -107,7 +126,34 @@ class LLM:
                                                      chat_template)}
             for conv in conversations
         ]
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        from inference_engine.parsing import thinking_from_kwargs
+
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm,
+                             enable_thinking=thinking_from_kwargs(chat_template_kwargs))
+
+    def _after_reasoning(self, prompt: PromptInput, params: SamplingParams,
+                         enable_thinking: bool | None) -> SamplingParams:
+        """``params`` with its structured output moved after the reasoning section when
+        the output starts inside one: a reasoning parser is set, its thinking is on for
+        this prompt, and the prompt has not already closed the section (vLLM's
+        ``is_reasoning_end`` on the prompt)."""
+        cls = self.reasoning_parser_cls
+        marker = getattr(cls, "end_marker", None)
+        if cls is None or not marker or params.structured_outputs is None:
+            return params
+        if not getattr(cls(tokenizer=self.engine.tokenizer, enable_thinking=enable_thinking),
+                       "is_thinking", False):
+            return params
+        text, ids = self.engine.tokenize_prompt(prompt)
+        if text is None:
+            text = self.engine.tokenizer.decode(ids)
+        start = getattr(cls, "start_marker", "")
+        if marker in text and text.rfind(marker) > (text.rfind(start) if start else -1):
+            return params  # the prompt itself ended the reasoning (thinking switched off)
+        from inference_engine.structured_output.reasoning import after_reasoning
+
+        return dataclasses.replace(params, structured_outputs=after_reasoning(
+            params.structured_outputs, marker))
 
 
 def apply_chat_template(
