@@ -2,7 +2,8 @@
 
 vLLM's ``ngram`` method: the longest suffix of the context with a length in
 ``[prompt_lookup_min, prompt_lookup_max]`` that occurred earlier in prompt + output
-proposes the (up to k) tokens that followed its most recent earlier occurrence. No
+proposes the (up to k) tokens that followed its latest earlier occurrence with k tokens
+after it (else its earliest, so a short period still drafts k). No
 model, no cache; the drafts are a point mass (no probabilities).
 """
 
@@ -19,7 +20,7 @@ __all__ = ["NgramProposer", "find_ngram_drafts"]
 
 def find_ngram_drafts(token_ids: Sequence[int] | np.ndarray, min_n: int, max_n: int,
                       k: int) -> list[int]:
-    """The tokens after the latest earlier occurrence of the longest matching suffix.
+    """The tokens after an earlier occurrence of the longest matching suffix.
 
     Args:
         token_ids: the context (prompt + outputs).
@@ -39,7 +40,10 @@ def find_ngram_drafts(token_ids: Sequence[int] | np.ndarray, min_n: int, max_n: 
         windows = np.lib.stride_tricks.sliding_window_view(tokens[: length - 1], n)
         hits = np.flatnonzero((windows == suffix).all(axis=1))
         if len(hits):
-            start = int(hits[-1]) + n
+            # The latest occurrence followed by k tokens (recent context predicts best), or
+            # failing that the earliest (the most tokens follow it: a short period repeats).
+            full = hits[hits + n + k <= length]
+            start = int(full[-1] if len(full) else hits[0]) + n
             return tokens[start : start + k].tolist()
     return []
 

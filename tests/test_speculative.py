@@ -1,0 +1,177 @@
+"""Speculative decoding end to end: every proposer is lossless against the same engine
+without speculation (greedy token for token; seeded sampling token for token, since draw
+j of a seeded request depends only on its seed and draw number), also with chunked
+prefill, preemption, stop strings, n > 1 and logprobs; bad configs are refused by name.
+
+The target is the committed demo model (trained, float32), on the CPU platform.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from inference_engine import SamplingParams
+from inference_engine.registry import UnknownNameError
+from inference_engine.testing import cpu_llm, make_tiny_model
+
+DEMO = Path(__file__).resolve().parents[1] / "models" / "demo-qwen3-tiny"
+SMALL_KV = 1 << 24
+K = 4
+NGRAM = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 2,
+         "prompt_lookup_max": 4}
+PROMPTS = [
+    "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5, 6, 7,",
+    "def f(x):\n    return x\ndef f(x):\n    return",
+    "The cat sat on the mat. The cat sat on the",
+    "Hello! How are you?",
+]
+GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+
+
+def _llm(**kwargs):
+    return cpu_llm(DEMO, dtype="float32", kv_cache_memory=SMALL_KV, block_size=4, **kwargs)
+
+
+def _ids(outputs):
+    return [[c.token_ids for c in o.outputs] for o in outputs]
+
+
+@pytest.fixture(scope="module")
+def plain():
+    return _llm()
+
+
+@pytest.fixture(scope="module")
+def ngram():
+    return _llm(speculative_config=NGRAM)
+
+
+@pytest.fixture(scope="module")
+def drafter_dir(tmp_path_factory):
+    """A random drafter with the demo model's vocabulary (low acceptance, still lossless)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(DEMO)
+    return make_tiny_model(tmp_path_factory.mktemp("drafter"), "qwen3", tokenizer=tokenizer,
+                           vocab_size=2064, num_hidden_layers=1)
+
+
+@pytest.fixture(scope="module")
+def plain_greedy(plain):
+    return _ids(plain.generate(PROMPTS, GREEDY, use_tqdm=False))
+
+
+def test_ngram_greedy_equals_plain_and_accepts_on_repetitive_text(ngram, plain_greedy):
+    before = dict(ngram.engine.stats())
+    assert _ids(ngram.generate(PROMPTS, GREEDY, use_tqdm=False)) == plain_greedy
+    stats = ngram.engine.stats()
+    drafts = stats["spec_decode_num_drafts"] - before["spec_decode_num_drafts"]
+    accepted = (stats["spec_decode_num_accepted_tokens"]
+                - before["spec_decode_num_accepted_tokens"])
+    assert drafts > 0
+    # Repetitive prompts: more than two tokens per verifying step.
+    assert 1 + accepted / drafts > 2
+    assert len(stats["spec_decode_num_accepted_tokens_per_pos"]) == K
+
+
+def test_seeded_sampling_equals_plain(plain, ngram):
+    params = [SamplingParams(temperature=1.0, top_p=0.95, seed=s, max_tokens=24,
+                             ignore_eos=True, repetition_penalty=1.1) for s in range(4)]
+    assert (_ids(ngram.generate(PROMPTS, params, use_tqdm=False))
+            == _ids(plain.generate(PROMPTS, params, use_tqdm=False)))
+
+
+def test_stop_strings_n2_and_logprobs_match_plain(plain, ngram):
+    base = plain.generate(PROMPTS[0], GREEDY, use_tqdm=False)[0].outputs[0].text
+    stop = base[10:13]
+    params = SamplingParams(temperature=0.8, seed=3, n=2, max_tokens=16, ignore_eos=True,
+                            logprobs=2, stop=[stop])
+    want = plain.generate(PROMPTS[:2], params, use_tqdm=False)
+    got = ngram.generate(PROMPTS[:2], params, use_tqdm=False)
+    for w, g in zip(want, got, strict=True):
+        for wc, gc in zip(w.outputs, g.outputs, strict=True):
+            assert (gc.token_ids, gc.text, gc.finish_reason, gc.stop_reason) == (
+                wc.token_ids, wc.text, wc.finish_reason, wc.stop_reason)
+            assert len(gc.logprobs) == len(gc.token_ids)
+            for wl, gl in zip(wc.logprobs, gc.logprobs, strict=True):
+                assert wl.keys() == gl.keys()
+                for token in wl:
+                    assert abs(wl[token].logprob - gl[token].logprob) < 1e-4
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_lossless_with_chunked_prefill_and_preemption(method, plain_greedy, drafter_dir):
+    config = dict(NGRAM) if method == "ngram" else {
+        "method": "draft_model", "model": str(drafter_dir), "num_speculative_tokens": 3}
+    # 16-token steps chunk every prompt; 28 blocks of 4 tokens cannot hold 4 sequences of
+    # ~50 tokens (plus lookahead), so requests are preempted and recomputed.
+    llm = cpu_llm(DEMO, dtype="float32", block_size=4, max_num_batched_tokens=16,
+                  kv_cache_memory=28 * 12352, speculative_config=config)
+    assert llm.engine.blocks.num_blocks <= 30
+    assert _ids(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == plain_greedy
+    stats = llm.engine.stats()
+    assert stats["num_preemptions"] > 0
+    assert stats["spec_decode_num_drafts"] > 0
+    assert stats["kv_cache_usage"] == 0.0
+
+
+def test_draft_model_lossless_and_self_drafting_accepts_nearly_all(plain_greedy):
+    # The target drafting for itself: greedy drafts are the target's own argmax, so almost
+    # every draft is accepted; this checks the drafter's own paged KV end to end.
+    llm = _llm(speculative_config={"method": "draft_model", "model": str(DEMO),
+                                   "num_speculative_tokens": 3})
+    assert llm.engine.scheduler.num_lookahead_slots == 3
+    assert _ids(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == plain_greedy
+    stats = llm.engine.stats()
+    assert stats["spec_decode_mean_acceptance_length"] > 3.5
+    # Sampled requests stay lossless with greedy drafts.
+    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=16, ignore_eos=True)
+              for s in range(4)]
+    plain_llm = _llm()
+    assert (_ids(llm.generate(PROMPTS, params, use_tqdm=False))
+            == _ids(plain_llm.generate(PROMPTS, params, use_tqdm=False)))
+
+
+def test_abort_mid_speculation_frees_everything(ngram):
+    engine = ngram.engine
+    rid = engine.add_request(PROMPTS[0], SamplingParams(temperature=0, max_tokens=200,
+                                                        ignore_eos=True))
+    for _ in range(4):
+        engine.step()
+    engine.abort_request(rid)
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.blocks.usage == 0.0
+
+
+def test_bad_configs_are_refused_by_name(tiny_model_dirs):
+    model = tiny_model_dirs["qwen3"]
+    with pytest.raises(ValueError, match="prompt_lookupp_max"):
+        cpu_llm(model, speculative_config={"method": "ngram", "num_speculative_tokens": 2,
+                                           "prompt_lookupp_max": 3})
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        cpu_llm(model, speculative_config={"method": "ngram", "num_speculative_tokens": 0})
+    with pytest.raises(ValueError, match="prompt_lookup_min"):
+        cpu_llm(model, speculative_config={"method": "ngram", "num_speculative_tokens": 2,
+                                           "prompt_lookup_min": 5, "prompt_lookup_max": 2})
+    with pytest.raises(UnknownNameError, match="medusa"):
+        cpu_llm(model, speculative_config={"method": "medusa", "num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match="'model' is required"):
+        cpu_llm(model, speculative_config={"method": "draft_model", "num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match="vocabulary"):
+        cpu_llm(model, speculative_config={"method": "draft_model", "model": str(DEMO),
+                                           "num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match="async_scheduling and speculative_config"):
+        cpu_llm(model, kv_cache_memory=SMALL_KV, async_scheduling=True,
+                speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+
+
+def test_structured_outputs_are_refused_with_speculation(ngram):
+    from inference_engine.sampling_params import StructuredOutputsParams
+
+    params = SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(
+        choice=["yes", "no"]))
+    with pytest.raises(ValueError, match="structured outputs and speculative_config"):
+        ngram.engine.add_request("Answer:", params)
