@@ -827,8 +827,17 @@ class LLMEngine:
         )
 
     # ---- stats ----------------------------------------------------------------
-    def stats(self) -> dict[str, float]:
+    def expert_load(self) -> dict[int, list[int]]:
+        """MoE layer index -> (token, slot) assignments routed to each expert so far; counted
+        under tensor/expert parallelism (the input an expert load balancer needs), else {}."""
+        from inference_engine.distributed.expert_load import expert_load
+
+        return expert_load(self.model)
+
+    def stats(self) -> dict[str, Any]:
+        load = self.expert_load()
         return {
+            **({"expert_load": load} if load else {}),
             "num_running": self.scheduler.num_running,
             "num_waiting": self.scheduler.num_waiting,
             "kv_cache_usage": self.blocks.usage,

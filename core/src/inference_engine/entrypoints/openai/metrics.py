@@ -63,6 +63,15 @@ class _EngineCollector:
             counter = CounterMetricFamily(PREFIX + name, doc, labels=labels)
             counter.add_metric([self.model_name], float(s.get(key, 0.0)))
             yield counter
+        load = s.get("expert_load")
+        if load:  # tensor/expert parallel MoE models: per-expert routed assignments
+            counter = CounterMetricFamily(
+                PREFIX + "moe_expert_load", "(token, slot) assignments routed to each expert "
+                "of each MoE layer.", labels=[*labels, "layer", "expert"])
+            for layer, counts in sorted(load.items()):
+                for expert, count in enumerate(counts):
+                    counter.add_metric([self.model_name, str(layer), str(expert)], float(count))
+            yield counter
 
 
 class _VLLMNamedCollector:

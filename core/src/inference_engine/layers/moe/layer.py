@@ -171,6 +171,7 @@ class FusedMoE(nn.Module):
         # the load a future expert balancer reads (exported in /metrics).
         self.register_buffer("expert_load", torch.zeros(num_experts, dtype=torch.int64),
                              persistent=False)
+        self.counts_load = ps.ep.size > 1 or self._tp.size > 1
         self.quant_method.create_weights(self, prefix, self.placement.num_local, hidden_size,
                                          self.local_intermediate, ctx.dtype, bias)
         if self._ep.size > 1 or self._tp.size > 1:

@@ -1,0 +1,116 @@
+"""Tensor and expert parallelism on the CPU with gloo: 2 ranks give one process's tokens.
+
+Each case runs a tiny random model (dense Qwen3 with one KV head, so it is replicated
+over both ranks; DeepSeek-V2 with MLA attention and MoE experts split by TP; Qwen3-MoE
+with experts placed over 2 EP ranks, both transports) through ``LLM(tensor_parallel_size=2)``
+(the mp executor: the test process is rank 0, one spawned worker is rank 1) and compares
+its greedy tokens with the same engine on one process (itself checked against transformers
+in tests/test_engine_parity.py and plugins/models/tests/test_moe_models.py). Chunked
+prefill with a small token budget mixes prefills and decodes in one step.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from inference_engine import SamplingParams
+from inference_engine.distributed.executor import RankFailedError
+from inference_engine.testing import cpu_llm, free_port, train_tiny_tokenizer
+from inference_engine.testing_parity import MOE_CONFIGS, PARITY_PROMPTS, randomize, tiny_dense_config
+
+NEW_TOKENS = 10
+ENGINE_ARGS = dict(max_num_batched_tokens=24, block_size=4, kv_cache_memory=4 << 20, seed=0)
+
+
+def _save(path: Path, config, tokenizer) -> Path:
+    import transformers
+
+    config.eos_token_id, config.pad_token_id, config.bos_token_id = (
+        tokenizer.eos_token_id, tokenizer.pad_token_id, None)
+    torch.manual_seed(0)
+    hf = randomize(transformers.AutoModelForCausalLM.from_config(config), std=0.1)
+    hf.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    tokenizer = train_tiny_tokenizer()
+    vocab = len(tokenizer)
+    root = tmp_path_factory.mktemp("dist")
+    return {
+        # One KV head for two ranks: replicated; tied embeddings: the vocab-parallel embedding
+        # is the LM head.
+        "dense": _save(root / "dense", tiny_dense_config(
+            "qwen3", vocab, head_dim=16, num_key_value_heads=1, tie_word_embeddings=True),
+            tokenizer),
+        "mla": _save(root / "mla", MOE_CONFIGS["deepseek_v2"](vocab), tokenizer),
+        "moe": _save(root / "moe", MOE_CONFIGS["qwen3_moe"](vocab), tokenizer),
+    }
+
+
+def greedy(llm) -> list[list[int]]:
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate(PARITY_PROMPTS, params,
+                                                         use_tqdm=False)]
+
+
+def run(model: Path, **kwargs) -> list[list[int]]:
+    llm = cpu_llm(model, **ENGINE_ARGS, **kwargs)
+    try:
+        return greedy(llm)
+    finally:
+        llm.engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference(models):
+    return {name: run(path) for name, path in models.items()}
+
+
+@pytest.mark.parametrize(("name", "kwargs"), [
+    ("dense", {}),
+    ("mla", {}),  # MLA heads and the MoE experts' widths split over 2 ranks
+    ("moe", {"enable_expert_parallel": True}),  # all-gather / all-reduce transport
+    ("moe", {"enable_expert_parallel": True, "all2all_backend": "alltoall"}),
+], ids=["dense-tp2", "mla-moe-tp2", "moe-ep2-allgather", "moe-ep2-alltoall"])
+def test_two_ranks_match_one_process(models, reference, name, kwargs):
+    tokens = run(models[name], tensor_parallel_size=2, **kwargs)
+    assert tokens == reference[name]
+
+
+def test_expert_load_is_counted_under_expert_parallelism(models):
+    llm = cpu_llm(models["moe"], tensor_parallel_size=2, enable_expert_parallel=True,
+                  **ENGINE_ARGS)
+    try:
+        greedy(llm)
+        load = llm.engine.expert_load()
+    finally:
+        llm.engine.shutdown()
+    # Every (token, slot) assignment of every MoE layer is counted once: top-2 of 8 experts.
+    assert set(load) == {0, 1} and all(len(v) == 8 for v in load.values())
+    assert all(sum(v) % 2 == 0 and sum(v) > 0 for v in load.values())
+
+
+def test_dead_rank_fails_the_request_not_hangs(models):
+    llm = cpu_llm(models["dense"], tensor_parallel_size=2, collective_timeout=30.0,
+                  **ENGINE_ARGS)
+    try:
+        greedy(llm)
+        os.kill(llm.engine.executor.pids[0], signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(RankFailedError, match="rank 1"):
+            greedy(llm)
+        assert time.monotonic() - start < 30
+    finally:
+        llm.engine.shutdown()
