@@ -253,3 +253,15 @@ def test_ar_and_diffusion_engines_stepped_together_match_alone(model_dir, hf_rec
     with pytest.raises(ValueError, match="max_denoising_steps"):
         ar.add_request({"prompt_token_ids": prompt},
                        SamplingParams(extra_args={"max_denoising_steps": 4}))
+
+
+def test_preempted_requests_recompute_their_prefix_and_resume(model_dir, hf_recipe):
+    """A 12-block pool (4 tokens each) cannot hold the three requests at full length: the
+    newest is preempted (its prefix recomputed, its block's denoising resumed) and every
+    output still equals transformers'."""
+    bytes_per_token = 2 * 2 * 16 * 4 + 2 * 1 * 32 * 4  # sliding K/V + full-layer K/V, fp32
+    small = cpu_llm(model_dir, max_model_len=64, block_size=4, max_num_batched_tokens=16,
+                    kv_cache_memory=13 * 4 * bytes_per_token)
+    outs = small.generate([{"prompt_token_ids": p} for p in PROMPTS], recipe_params())
+    assert small.engine.scheduler.num_preemptions > 0
+    assert [o.outputs[0].token_ids for o in outs] == hf_recipe
