@@ -259,3 +259,11 @@ def test_engine_n2_seeded_equals_two_single_requests(saved):
                for i in range(2)]
     assert [c.token_ids for c in forked.outputs] == singles
     assert singles[0] != singles[1]
+
+
+def test_speculative_decoding_is_refused_by_name(saved):
+    path = saved[0]
+    with pytest.raises(ValueError, match="speculative decoding is not supported: "
+                                         "NemotronHForCausalLM keeps per-sequence state"):
+        cpu_llm(path, dtype="float32",
+                speculative_config={"method": "ngram", "num_speculative_tokens": 2})

@@ -110,6 +110,8 @@ class LLMEngine:
         # allocated before the KV pool is sized (it comes out of the same budget).
         state_pool = self.runner.allocate_state_cache(sched.max_num_seqs)
         self._state_cache_bytes = state_pool.num_bytes if state_pool is not None else 0
+        if state_pool is not None:
+            self._refuse_with_state()
         # Speculative decoding (None: off); a drafter's cache shares the pool's geometry.
         self.spec = self._make_spec_decoder()
         drafter_specs = self.spec.proposer.kv_cache_specs() if self.spec is not None else []
@@ -201,6 +203,23 @@ class LLMEngine:
         defaults = DiffusionSettings.from_generation_config(self.loaded.generation_config)
         return DiffusionStepper(self.model, self.platform.device(), self.config.cache.block_size,
                                 defaults)
+
+    def _refuse_with_state(self) -> None:
+        """Refuse what a model with per-sequence state layers cannot run yet.
+
+        Raises:
+            ValueError: speculative decoding (rejected drafts would have advanced the
+                recurrent state: there is no rewind) or a distributed engine (the state pool
+                lives on one rank).
+        """
+        kinds = sorted({type(layer).__name__ for layer in self.runner.state_layers})
+        what = f"{type(self.model).__name__} keeps per-sequence state ({', '.join(kinds)})"
+        if self.config.speculative.enabled:
+            raise ValueError(f"speculative decoding is not supported: {what}, which rejected "
+                             f"draft tokens would corrupt (no state rewind)")
+        if self.executor is not None:
+            raise ValueError(f"tensor/expert/data parallelism is not supported: {what}, "
+                             f"allocated on one rank only")
 
     def _make_spec_decoder(self) -> Any:
         """The speculative decoder of ``speculative_config``; None when it is off."""
