@@ -11,21 +11,30 @@ prefill with a small token budget mixes prefills and decodes in one step.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
-
 from inference_engine import SamplingParams
 from inference_engine.distributed.executor import RankFailedError
-from inference_engine.testing import cpu_llm, free_port, train_tiny_tokenizer
-from inference_engine.testing_parity import MOE_CONFIGS, PARITY_PROMPTS, randomize, tiny_dense_config
+from inference_engine.testing import (
+    TEST_PLATFORM,
+    ServerProcess,
+    cpu_llm,
+    train_tiny_tokenizer,
+)
+from inference_engine.testing_parity import (
+    MOE_CONFIGS,
+    PARITY_PROMPTS,
+    randomize,
+    tiny_dense_config,
+)
 
 NEW_TOKENS = 10
 ENGINE_ARGS = dict(max_num_batched_tokens=24, block_size=4, kv_cache_memory=4 << 20, seed=0)
@@ -59,23 +68,29 @@ def models(tmp_path_factory):
     }
 
 
-def greedy(llm) -> list[list[int]]:
+def greedy(llm, texts: list[str] | None = None) -> list[list[int]]:
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
-    return [o.outputs[0].token_ids for o in llm.generate(PARITY_PROMPTS, params,
-                                                         use_tqdm=False)]
+    outputs = llm.generate(PARITY_PROMPTS, params, use_tqdm=False)
+    if texts is not None:
+        texts.extend(o.outputs[0].text for o in outputs)
+    return [o.outputs[0].token_ids for o in outputs]
 
 
-def run(model: Path, **kwargs) -> list[list[int]]:
+def run(model: Path, texts: list[str] | None = None, **kwargs) -> list[list[int]]:
     llm = cpu_llm(model, **ENGINE_ARGS, **kwargs)
     try:
-        return greedy(llm)
+        return greedy(llm, texts)
     finally:
         llm.engine.shutdown()
 
 
 @pytest.fixture(scope="module")
 def reference(models):
-    return {name: run(path) for name, path in models.items()}
+    """One process's greedy tokens (and the MoE model's texts, for the server test)."""
+    result = {name: run(path) for name, path in models.items() if name != "moe"}
+    result["moe_texts"] = []
+    result["moe"] = run(models["moe"], result["moe_texts"])
+    return result
 
 
 @pytest.mark.parametrize(("name", "kwargs"), [
@@ -114,3 +129,59 @@ def test_dead_rank_fails_the_request_not_hangs(models):
         assert time.monotonic() - start < 30
     finally:
         llm.engine.shutdown()
+
+
+def _post(url: str, body: dict, timeout: float = 60.0) -> tuple[int, dict]:
+    request = urllib.request.Request(url, json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _spawned_children(pid: int) -> list[int]:
+    """The server's spawned ranks (not multiprocessing's resource tracker)."""
+    found = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        for child in children.read_text().split():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+            if b"spawn_main" in cmdline:
+                found.append(int(child))
+    return found
+
+
+def test_server_serves_tp2_expert_parallel_and_turns_unhealthy_when_a_rank_dies(models,
+                                                                              reference):
+    server = ServerProcess(models["moe"], "-tp", "2", "--enable-expert-parallel",
+                           "--block-size", "4", "--max-num-batched-tokens", "24",
+                           platform=TEST_PLATFORM, kv_cache_memory="4MiB")
+    try:
+        for prompt, text in zip(PARITY_PROMPTS[:2], reference["moe_texts"], strict=False):
+            status, body = _post(server.url + "/v1/completions", {
+                "model": str(models["moe"]), "prompt": prompt, "max_tokens": NEW_TOKENS,
+                "temperature": 0.0, "ignore_eos": True})
+            assert status == 200, body
+            assert body["choices"][0]["text"] == text
+        status, metrics = _get(server.url + "/metrics")
+        assert status == 200 and 'inference_engine:moe_expert_load_total{' in metrics
+        workers = _spawned_children(server.proc.pid)
+        assert len(workers) == 1
+        os.kill(workers[0], signal.SIGKILL)
+        start = time.monotonic()
+        status, body = _post(server.url + "/v1/completions", {
+            "model": str(models["moe"]), "prompt": PARITY_PROMPTS[0], "max_tokens": 4})
+        assert status >= 500 and "rank 1" in json.dumps(body), body
+        assert _get(server.url + "/health")[0] == 503
+        assert time.monotonic() - start < 30
+    finally:
+        server.stop()

@@ -20,6 +20,14 @@ from inference_engine.cli_options import (
     MaxLoRARankOption,
     MaxLoRAsOption,
 )
+from inference_engine.cli_parallel import (
+    All2AllBackendOption,
+    DataParallelSizeOption,
+    DistributedExecutorBackendOption,
+    EnableExpertParallelOption,
+    TensorParallelSizeOption,
+    parallel_kwargs,
+)
 from inference_engine.cli_values import model_config_overrides, parse_key_values
 
 from inference_engine import __version__
@@ -128,8 +136,14 @@ def generate(
     quant_option: Annotated[Optional[list[str]], typer.Option(
         help="KEY=VALUE setting of the quantization method, repeatable "
              "(gguf: activations=q8|float, accumulate=float64).")] = None,
+    tensor_parallel_size: TensorParallelSizeOption = 1,
+    data_parallel_size: DataParallelSizeOption = 1,
+    enable_expert_parallel: EnableExpertParallelOption = False,
+    distributed_executor_backend: DistributedExecutorBackendOption = None,
+    all2all_backend: All2AllBackendOption = "allgather_reducescatter",
     device_ids: Annotated[Optional[str], typer.Option(
-        help="Device index to use, e.g. 1 (CUDA_VISIBLE_DEVICES is not touched).")] = None,
+        help="Device index to use, e.g. 1, or one per rank, e.g. 0,1 with -tp 2 "
+             "(CUDA_VISIBLE_DEVICES is not touched).")] = None,
     platform: Annotated[Optional[str], typer.Option(help="Force a platform by name.")] = None,
     hf_overrides: HfOverridesOption = None,
     indexer_dtype: IndexerDtypeOption = None,
@@ -150,6 +164,9 @@ def generate(
                   quantization=quantization, dequantize_at_load=dequantize_at_load,
                   quant_options=parse_key_values(quant_option, "--quant-option"),
                   device_ids=device_ids, platform=platform,
+                  **parallel_kwargs(tensor_parallel_size, data_parallel_size,
+                                  enable_expert_parallel, distributed_executor_backend,
+                                  all2all_backend),
                   hf_overrides=model_config_overrides(hf_overrides, indexer_dtype))
         outputs = llm.generate(list(prompt), params, use_tqdm=not as_json)
     except (ValueError, UnknownNameError, OSError, TypeError) as exc:
@@ -287,8 +304,14 @@ def serve(
     quant_option: Annotated[Optional[list[str]], typer.Option(
         help="KEY=VALUE setting of the quantization method, repeatable "
              "(gguf: activations=q8|float, accumulate=float64).")] = None,
+    tensor_parallel_size: TensorParallelSizeOption = 1,
+    data_parallel_size: DataParallelSizeOption = 1,
+    enable_expert_parallel: EnableExpertParallelOption = False,
+    distributed_executor_backend: DistributedExecutorBackendOption = None,
+    all2all_backend: All2AllBackendOption = "allgather_reducescatter",
     device_ids: Annotated[Optional[str], typer.Option(
-        help="Comma-separated device indices to use (CUDA_VISIBLE_DEVICES is not touched).")] = None,
+        help="Comma-separated device indices to use, one per rank (CUDA_VISIBLE_DEVICES is "
+             "not touched).")] = None,
     platform: Annotated[Optional[str], typer.Option(help="Force a platform by name.")] = None,
     seed: Annotated[int, typer.Option(help="Base seed for unseeded requests.")] = 0,
     enable_lora: EnableLoRAOption = False,
@@ -347,6 +370,9 @@ def serve(
             async_scheduling=async_scheduling,
             enable_prefix_caching=enable_prefix_caching, attention_backend=attention_backend,
             kv_cache_dtype=kv_cache_dtype, device_ids=device_ids, platform=platform, seed=seed,
+            **parallel_kwargs(tensor_parallel_size, data_parallel_size,
+                              enable_expert_parallel, distributed_executor_backend,
+                              all2all_backend),
             quantization=quantization, dequantize_at_load=dequantize_at_load,
             quant_options=parse_key_values(quant_option, "--quant-option"),
             enable_lora=enable_lora, max_loras=max_loras, max_lora_rank=max_lora_rank,

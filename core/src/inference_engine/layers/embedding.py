@@ -9,7 +9,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from inference_engine.distributed.parallel_state import parallel_state
-
 from inference_engine.layers.cpu_gemv import bf16_gemv_weight, small_batch_linear
 
 __all__ = ["LMHead", "VocabEmbedding"]

@@ -73,7 +73,7 @@ class MLAAttention(nn.Module):
         # by heads (column), o_proj by its input (row); the latent cache is every head's,
         # so each rank keeps the whole latent (as vLLM).
         total_heads = cfg.num_attention_heads
-        self.num_heads = h = total_heads // max(1, parallel_state().tp.size)
+        self.num_heads = total_heads // max(1, parallel_state().tp.size)
         self.nope_dim, self.rope_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
         self.v_dim, self.rank = cfg.v_head_dim, cfg.kv_lora_rank
         self.qk_dim = self.nope_dim + self.rope_dim
