@@ -24,7 +24,6 @@ from inference_engine.engine.model_runner import attention_layers
 from inference_engine.layers.compressed_attention import indexer_scores, sink_attention
 from inference_engine.layers.hyper_connection import HyperConnection, HyperHead
 from inference_engine.layers.kv_compressor import compress_windows
-from inference_engine.layers.sparse_topk import topk_positions
 from inference_engine.testing import cpu_llm, train_tiny_tokenizer
 from inference_engine.testing_parity import (
     PARITY_PROMPTS,
@@ -292,6 +291,15 @@ def test_single_prefill_matches_transformers(pair):
     assert_close(run_step(twin, [Seq(ids, 0, list(range(10)))]), hf_logits(hf, ids))
 
 
+def test_transformers_state_dict_loads(pair):
+    """transformers' in-memory names (stacked experts, self_attn/mlp modules) load too."""
+    config, hf, _ = pair
+    state = {k: v for k, v in hf.state_dict().items() if "rotary_emb" not in k}
+    ids = tokens(24, 14)
+    assert_close(run_step(ours(config, state), [Seq(ids, 0, list(range(6)))]),
+                 hf_logits(hf, ids))
+
+
 def test_checkpoint_names_map_to_ours():
     assert checkpoint_to_ours("head.weight") == "lm_head.weight"
     assert checkpoint_to_ours("embed.weight") == "model.embed_tokens.weight"
@@ -357,6 +365,18 @@ def test_layers_keep_graphs_off(pair):
     layers = attention_layers(ours(config, tensors).model)
     assert len(layers) == 4 + 3 + 2  # K=V rows, compressors, CSA indexer compressors
     assert all(_graph_unsafe_name(layer) is not None for layer in layers)
+
+
+def test_quantized_checkpoints_are_refused_by_name():
+    from inference_engine.builtin.attention.cpu_paged import CpuPagedAttentionBackend
+    from inference_engine.interfaces.model import ModelContext
+    from inference_engine_quant.fp8 import Fp8Method
+
+    method = Fp8Method({"quant_method": "fp8", "weight_block_size": [16, 16]})
+    ctx = ModelContext(v4_config(), torch.bfloat16, method, CpuPagedAttentionBackend,
+                       torch.device("cpu"))
+    with pytest.raises(ValueError, match="quantized DeepSeek-V4 checkpoints"):
+        DeepseekV4ForCausalLM(ctx)
 
 
 @pytest.mark.parametrize(("change", "message"), [

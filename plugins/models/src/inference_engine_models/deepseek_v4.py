@@ -30,7 +30,8 @@ pool: chunked prefill, preemption (recompute) and prefix caching need nothing el
 
 Checkpoint names are DeepSeek's (what transformers' ``save_pretrained`` writes):
 ``embed``/``head``, ``attn.wq_a``..., ``ffn.experts.N.w1``..., ``hc_attn_fn``...;
-``mtp.*`` tensors are skipped (no multi-token prediction).
+transformers' in-memory names (``self_attn.q_a_proj``, stacked ``mlp.experts.gate_up_proj``...)
+load too; ``mtp.*`` tensors are skipped (no multi-token prediction).
 """
 
 from __future__ import annotations
@@ -120,6 +121,12 @@ class DeepseekV4Attention(nn.Module):
         self.norm = V4RMSNorm(d, cfg.rms_norm_eps)
         self.wo_a = ReplicatedLinear(ctx, h * d // g, g * cfg.o_lora_rank, f"{prefix}.wo_a")
         self.wo_b = ReplicatedLinear(ctx, g * cfg.o_lora_rank, cfg.hidden_size, f"{prefix}.wo_b")
+        weight = getattr(self.wo_a, "weight", None)
+        if not (isinstance(weight, torch.Tensor) and weight.is_floating_point()
+                and weight.element_size() >= 2
+                and tuple(weight.shape) == (g * cfg.o_lora_rank, h * d // g)):
+            raise ValueError(f"{prefix}.wo_a: the grouped output projection reads a plain "
+                             f"weight; quantized DeepSeek-V4 checkpoints are not supported")
         self.attn_sink = nn.Parameter(torch.zeros(h), requires_grad=False)
         self.scale = d ** -0.5
         self.compressor: KVCompressor | None = None
@@ -385,6 +392,29 @@ _RENAMES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"^hc_head_(fn|base|scale)$", r"hc_head.hc_\1"),
         (r"^(?!lm_head\.)", "model."),
         (r"\.hc_(attn|ffn)_(fn|base|scale)$", r".hc_\1.\2"),
+        # transformers v5's in-memory names (a state_dict), which save_pretrained renames back.
+        (r"\.self_attn\.compressor\.indexer\.scorer\.weights_proj\.",
+         ".attn.indexer.weights_proj."),
+        (r"\.self_attn\.compressor\.indexer\.q_b_proj\.", ".attn.indexer.wq_b."),
+        (r"\.self_attn\.compressor\.indexer\.", ".attn.indexer.compressor."),
+        (r"\.self_attn\.", ".attn."),
+        (r"\.mlp\.", ".ffn."),
+        (r"\.input_layernorm\.", ".attn_norm."),
+        (r"\.post_attention_layernorm\.", ".ffn_norm."),
+        (r"\.(attn|ffn)_hc\.", r".hc_\1."),
+        (r"\.attn\.sinks$", ".attn.attn_sink"),
+        (r"\.attn\.q_a_proj\.", ".attn.wq_a."),
+        (r"\.attn\.q_a_norm\.", ".attn.q_norm."),
+        (r"\.attn\.q_b_proj\.", ".attn.wq_b."),
+        (r"\.o_(a|b)_proj\.", r".wo_\1."),
+        (r"\.kv_proj\.", ".wkv."),
+        (r"\.compressor\.gate_proj\.", ".compressor.wgate."),
+        (r"\.kv_norm\.", ".norm."),
+        (r"\.position_bias$", ".ape"),
+        (r"\.gate\.e_score_correction_bias$", ".gate.bias"),
+        (r"\.shared_experts\.gate_proj\.", ".shared_experts.w1."),
+        (r"\.shared_experts\.up_proj\.", ".shared_experts.w3."),
+        (r"\.shared_experts\.down_proj\.", ".shared_experts.w2."),
     ))
 _SKIPPED = re.compile(r"(^|\.)mtp\.")
 
