@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 DISTS := core plugins/models plugins/quant plugins/parsers plugins/gguf plugins/rocm plugins/xpu examples/third-party-plugin
 PYPROJECTS := $(addsuffix /pyproject.toml,$(DISTS))
-TEST_DEPS := pytest hypothesis httpx openai triton accelerate compressed-tensors jsonschema schemathesis peft
+TEST_DEPS := pytest hypothesis httpx openai triton accelerate compressed-tensors jsonschema schemathesis peft ray
 
 .PHONY: setup test demo clean
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -185,3 +187,26 @@ def test_server_serves_tp2_expert_parallel_and_turns_unhealthy_when_a_rank_dies(
         assert time.monotonic() - start < 30
     finally:
         server.stop()
+
+
+def test_torchrun_external_launcher_gives_the_same_tokens(models, reference, tmp_path):
+    script = Path(__file__).resolve().parents[1] / "scripts" / "torchrun_generate.py"
+    prompts = [arg for p in PARITY_PROMPTS for arg in ("--prompt", p)]
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+         "2", str(script), str(models["dense"]), *prompts, "--max-tokens", str(NEW_TOKENS),
+         "--platform", TEST_PLATFORM, "--engine-args", json.dumps(ENGINE_ARGS),
+         "--json-out", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == reference["dense"]
+
+
+def test_ray_executor_on_a_local_cluster_gives_the_same_tokens(models, reference):
+    ray = pytest.importorskip("ray")
+    try:
+        tokens = run(models["dense"], tensor_parallel_size=2, distributed_executor_backend="ray")
+    finally:
+        ray.shutdown()
+    assert tokens == reference["dense"]
