@@ -32,7 +32,7 @@ from inference_engine.interfaces.model import ModelContext
 from inference_engine.layers.linear import ReplicatedLinear
 from inference_engine.layers.tail_rope import TailRope
 
-__all__ = ["KVCompressor", "V4RMSNorm", "compress_windows", "paged_rows"]
+__all__ = ["KVCompressor", "V4RMSNorm", "closed_windows", "compress_windows", "paged_rows"]
 
 
 class V4RMSNorm(nn.Module):
@@ -89,6 +89,26 @@ def compress_windows(kv: torch.Tensor, gate: torch.Tensor, ape: torch.Tensor,
     return (values * weights).sum(dim=1)
 
 
+def closed_windows(metadata: AttentionMetadata, rate: int,
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(rows, windows)``: every window of ``rate`` tokens this step's tokens close, with its
+    sequence's row; None when none closes. Made once per step and rate (every layer with that
+    rate asks) and kept in ``metadata.backend_cache``."""
+    key = f"v4_closed_windows_{rate}"
+    if key not in metadata.backend_cache:
+        seq_rows: list[int] = []
+        windows: list[int] = []
+        for i, (q, s) in enumerate(zip(metadata.query_lens_list, metadata.seq_lens_list,
+                                       strict=True)):
+            first, last = (s - q) // rate, s // rate
+            seq_rows += [i] * (last - first)
+            windows += range(first, last)
+        metadata.backend_cache[key] = (
+            (torch.tensor(seq_rows, device=device), torch.tensor(windows, device=device))
+            if windows else None)
+    return metadata.backend_cache[key]
+
+
 class KVCompressor(nn.Module):
     """Writes each token's compressor inputs and each closed window's entry to the pool.
 
@@ -139,21 +159,13 @@ class KVCompressor(nn.Module):
         cache, w = self.cache, self.width
         row = torch.cat((self.wkv(hidden), self.wgate(hidden)), dim=-1)
         cache[metadata.slot_blocks, metadata.slot_offsets, 0, :2 * w] = row.to(cache.dtype)
-        seq_rows, windows = [], []
-        for i, (q, s) in enumerate(zip(metadata.query_lens_list, metadata.seq_lens_list,
-                                       strict=True)):
-            first, last = (s - q) // self.rate, s // self.rate
-            if last > first:
-                seq_rows += [i] * (last - first)
-                windows += range(first, last)
-        if not windows:
+        closed = closed_windows(metadata, self.rate, hidden.device)
+        if closed is None:
             return
-        device = hidden.device
-        rows = torch.tensor(seq_rows, device=device)
-        win = torch.tensor(windows, device=device)
+        rows, win = closed
         span = 2 * self.rate if self.overlap else self.rate
         start = (win - 1) * self.rate if self.overlap else win * self.rate
-        src = start[:, None] + torch.arange(span, device=device)  # [n, span]
+        src = start[:, None] + torch.arange(span, device=win.device)  # [n, span]
         inputs = paged_rows(cache, metadata.block_tables, rows[:, None].expand_as(src),
                             src.clamp(min=0), slice(0, 2 * w))
         entries = compress_windows(inputs[..., :w], inputs[..., w:], self.ape, win > 0,
