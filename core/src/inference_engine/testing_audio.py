@@ -79,6 +79,15 @@ def make_tiny_whisper(path: str | Path, seed: int = 0, num_mel_bins: int = 80,
         for name, p in model.named_parameters():
             if p.dim() == 2 and "embed_positions" not in name:
                 p.normal_(0.0, 0.1)
+        # Whisper's special tokens (timestamps above all) would win most steps of a random
+        # model and decode to no text: one hidden unit is pinned to 1 by the final norm and
+        # its column of the head adds +3 to ordinary tokens, -3 to special ones.
+        norm = model.model.decoder.layer_norm
+        norm.weight[0] = 0.0
+        norm.bias[0] = 1.0
+        first_special = ids("<|startoftranscript|>")
+        model.proj_out.weight[:, 0] = -3.0
+        model.proj_out.weight[1:first_special, 0] = 3.0
     model.generation_config.suppress_tokens = None
     model.generation_config.begin_suppress_tokens = None
     model.save_pretrained(path)
