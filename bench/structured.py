@@ -15,7 +15,13 @@ Compile time: each of 64 random schemas compiled alone, cold (no cache), on this
 Mask cost per step: 64 matchers filling their bitmask rows, the upload and the masking
 of [64, 8192] logits, timed alone (robust where a shared machine makes tok/s noisy).
 
+``--threads 1`` also makes the comparison hold on a shared machine: every run reports
+tokens per second of this process's CPU time (all threads: the engine, the grammar
+compiler, torch's), which other processes do not change; with one torch thread no worker
+spins while it waits.
+
 Run:  OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/structured.py
+      OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/structured.py --threads 1
 """
 
 from __future__ import annotations
@@ -67,11 +73,14 @@ def workload(num_requests: int) -> list[list[int]]:
     return [torch.randint(3, VOCAB, (int(n),), generator=rng).tolist() for n in lengths]
 
 
-def throughput(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) -> float:
-    start = time.perf_counter()
+def throughput(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]
+               ) -> tuple[float, float]:
+    """(tokens per wall second, tokens per second of this process's CPU time)."""
+    start, cpu = time.perf_counter(), time.process_time()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    elapsed = time.perf_counter() - start
-    return sum(len(o.outputs[0].token_ids) for o in outs) / elapsed
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    return tokens / elapsed, tokens / cpu
 
 
 def mask_cost_ms(llm: LLM, rows: int, repeats: int = 50) -> float:
@@ -113,8 +122,12 @@ def main() -> None:
     parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3, help="runs per measurement (median)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (1: the load-independent CPU-time comparison)")
     args = parser.parse_args()
     torch.set_flush_denormal(True)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as path:
         build_model(path, args.layers)
         llm = LLM(path, dtype="bfloat16", show_progress=False, enable_prefix_caching=False)
@@ -132,24 +145,33 @@ def main() -> None:
         throughput(llm, prompts[:4], cases["one schema"][:4])  # compiles the schema once
         runs: dict[str, list[float]] = {name: [] for name in cases}
         runs["64 schemas (compiled during the run)"] = []
+        cpu_runs: dict[str, list[float]] = {name: [] for name in runs}
+
+        def record(name: str, figures: tuple[float, float], r: int) -> None:
+            runs[name].append(figures[0])
+            cpu_runs[name].append(figures[1])
+            print(f"  {name} run {r + 1}: {figures[0]:.1f} tok/s, {figures[1]:.1f} tok per "
+                  "CPU-second", flush=True)
+
         for r in range(args.repeats):  # interleaved, so drift hits every case alike
             for name, params in cases.items():
-                runs[name].append(throughput(llm, prompts, params))
-                print(f"  {name} run {r + 1}: {runs[name][-1]:.1f} tok/s", flush=True)
+                record(name, throughput(llm, prompts, params), r)
             # Fresh schemas each run: their compiles are part of the measured time.
             fresh = [dict(s, description=f"run {r}") for s in schemas]
-            name = "64 schemas (compiled during the run)"
-            runs[name].append(throughput(llm, prompts, [SamplingParams(
-                **base, structured_outputs=StructuredOutputsParams(json=s)) for s in fresh]))
-            print(f"  {name} run {r + 1}: {runs[name][-1]:.1f} tok/s", flush=True)
+            record("64 schemas (compiled during the run)", throughput(llm, prompts, [
+                SamplingParams(**base, structured_outputs=StructuredOutputsParams(json=s))
+                for s in fresh]), r)
         (sample,) = llm.generate([{"prompt_token_ids": prompts[0]}], cases["one schema"][:1],
                                  use_tqdm=False)
         print(f"  a constrained output begins: {sample.outputs[0].text[:60]!r}")
         plain = statistics.median(runs["plain"])
-        print(f"\nmedian of {args.repeats} runs, {n} requests x {args.output_tokens} tokens")
+        plain_cpu = statistics.median(cpu_runs["plain"])
+        print(f"\nmedian of {args.repeats} runs, {n} requests x {args.output_tokens} tokens, "
+              f"{torch.get_num_threads()} torch thread(s)")
         for name, values in runs.items():
-            median = statistics.median(values)
-            print(f"{name:40s} {median:8.1f} tok/s  ({median / plain - 1:+.1%} vs plain)")
+            median, cpu = statistics.median(values), statistics.median(cpu_runs[name])
+            print(f"{name:40s} {median:8.1f} tok/s  ({median / plain - 1:+.1%} vs plain)   "
+                  f"{cpu:8.1f} tok/CPU-s ({cpu / plain_cpu - 1:+.1%})")
 
         pool = GrammarCompilerPool(llm.get_tokenizer(), VOCAB, llm.engine.eos_token_ids)
         times = [pool.compile(StructuredOutputsParams(json=s)).compile_seconds * 1e3
