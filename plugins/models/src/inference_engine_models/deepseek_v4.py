@@ -50,6 +50,7 @@ from inference_engine.layers.compressed_attention import (
     window_span,
 )
 from inference_engine.layers.embedding import LMHead, VocabEmbedding
+from inference_engine.layers.fused_op_choice import choose_fused_op
 from inference_engine.layers.hyper_connection import HyperConnection, HyperHead, unweighted_rms_norm
 from inference_engine.layers.kv_compressor import KVCompressor, V4RMSNorm, paged_rows
 from inference_engine.layers.linear import ReplicatedLinear
@@ -140,6 +141,13 @@ class DeepseekV4Attention(nn.Module):
                 self.indexer = CompressedIndexer(ctx, f"{prefix}.indexer", rate,
                                                  ropes["compress"])
         self.dtype = ctx.dtype
+        # The decode attention over gathered rows, chosen once: the Triton kernel where the
+        # platform lists Triton, else the torch reference.
+        self.decode_attention = sink_attention
+        if choose_fused_op(getattr(ctx, "device", None)) == "triton":
+            from inference_engine.layers.triton_sink_attention import sink_attention_triton
+
+            self.decode_attention = sink_attention_triton
         # [num_blocks, block_size, 1, head_dim]: the K=V row of each token, bound by the runner.
         self.kv_cache: tuple[torch.Tensor] | None = None
 
@@ -206,7 +214,7 @@ class DeepseekV4Attention(nn.Module):
                 keys = torch.cat((keys, entries), dim=1)
                 valid = torch.cat((valid, ok), dim=1)
         keys = keys.masked_fill(~valid[..., None], 0.0)  # unwritten slots may hold anything
-        return sink_attention(q, keys, valid, self.attn_sink, self.scale)
+        return self.decode_attention(q, keys, valid, self.attn_sink, self.scale)
 
     def _prefill(self, row: int, q: torch.Tensor, q_pos: torch.Tensor,
                  selection: torch.Tensor | None, metadata: AttentionMetadata) -> torch.Tensor:
