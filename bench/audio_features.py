@@ -23,11 +23,10 @@ import time
 import numpy as np
 import torch
 import transformers.models.whisper.feature_extraction_whisper as hf_fe
-from transformers import WhisperFeatureExtractor
-
 from inference_engine.audio.feature_pool import FeaturePool
 from inference_engine.audio.whisper_features import WhisperFeatureConfig, WhisperFeatures
 from inference_engine.testing_audio import tone
+from transformers import WhisperFeatureExtractor
 
 SR = 16000
 

@@ -20,7 +20,6 @@ import time
 
 import httpx
 import numpy as np
-
 from inference_engine.testing import ServerProcess
 from inference_engine.testing_audio import make_tiny_whisper, tone, wav_bytes
 

@@ -12,11 +12,10 @@ import numpy as np
 import openai
 import pytest
 import torch
-from transformers import AutoTokenizer, WhisperFeatureExtractor, WhisperForConditionalGeneration
-from transformers.generation.utils import GenerationMixin
-
 from inference_engine.testing import TEST_PLATFORM, ServerProcess
 from inference_engine.testing_audio import make_tiny_whisper, tone, wav_bytes
+from transformers import AutoTokenizer, WhisperFeatureExtractor, WhisperForConditionalGeneration
+from transformers.generation.utils import GenerationMixin
 
 KEY = "audio-key"
 MAX_TOKENS = 10
@@ -40,8 +39,8 @@ def server(whisper_dir):
 @pytest.fixture(scope="module")
 def hf(whisper_dir):
     model = WhisperForConditionalGeneration.from_pretrained(whisper_dir).eval()
-    return model, AutoTokenizer.from_pretrained(whisper_dir), WhisperFeatureExtractor.from_pretrained(
-        whisper_dir)
+    tokenizer = AutoTokenizer.from_pretrained(whisper_dir)
+    return model, tokenizer, WhisperFeatureExtractor.from_pretrained(whisper_dir)
 
 
 def reference_text(hf, clips: list[np.ndarray], prefix: list[str], prompt_text: str = "") -> str:

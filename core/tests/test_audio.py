@@ -9,9 +9,7 @@ import asyncio
 import numpy as np
 import pytest
 import torch
-from transformers import WhisperFeatureExtractor
 import transformers.models.whisper.feature_extraction_whisper as hf_whisper_fe
-
 from inference_engine.audio.decode import AudioError, decode_audio
 from inference_engine.audio.feature_pool import FeaturePool
 from inference_engine.audio.whisper_features import (
@@ -21,6 +19,7 @@ from inference_engine.audio.whisper_features import (
 )
 from inference_engine.entrypoints.openai.speech_format import parse_segments, to_srt, to_vtt
 from inference_engine.testing_audio import tone, wav_bytes
+from transformers import WhisperFeatureExtractor
 
 SR = 16000
 # The bound on |ours - WhisperFeatureExtractor|.

@@ -13,13 +13,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers import AutoTokenizer, WhisperForConditionalGeneration
-from transformers.generation.utils import GenerationMixin
-
 from inference_engine import SamplingParams
 from inference_engine.audio.whisper_features import WhisperFeatureConfig, WhisperFeatures
 from inference_engine.testing import cpu_llm, make_tiny_model
 from inference_engine.testing_audio import make_tiny_whisper, tone
+from transformers import AutoTokenizer, WhisperForConditionalGeneration
+from transformers.generation.utils import GenerationMixin
 
 torch.set_flush_denormal(True)
 

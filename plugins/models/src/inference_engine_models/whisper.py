@@ -19,8 +19,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from inference_engine.interfaces.attention import AttentionMetadata
 from inference_engine.interfaces.encoder_decoder import EncoderDecoderLM
 from inference_engine.interfaces.model import ModelContext
@@ -32,6 +30,7 @@ from inference_engine.layers import (
     VocabEmbedding,
     load_checkpoint_weights,
 )
+from torch import nn
 
 __all__ = ["CrossAttentionStore", "WhisperForConditionalGeneration"]
 
