@@ -190,6 +190,19 @@ def test_compress_windows_matches_plain_loops(overlap):
             torch.testing.assert_close(got[i, c], want, rtol=1e-5, atol=1e-6)
 
 
+def test_silu_clamped_expert_activation():
+    """The experts' activation: ``silu(min(gate, limit)) * clamp(up, -limit, limit)``."""
+    from inference_engine.layers.moe.activation import ExpertActivation, gated_activation
+
+    h = torch.tensor([[12.0, -3.0, 20.0, -15.0], [0.5, -30.0, -0.25, 2.0]])
+    got = gated_activation(h, ExpertActivation("silu_clamped", limit=10.0))
+    for r in range(2):
+        for c in range(2):
+            gate, up = min(float(h[r, c]), 10.0), max(min(float(h[r, 2 + c]), 10.0), -10.0)
+            want = gate / (1 + torch.exp(torch.tensor(-gate))) * up
+            assert abs(float(got[r, c]) - float(want)) < 1e-5
+
+
 def test_indexer_scores_and_sink_attention_match_plain_loops():
     gen = torch.Generator().manual_seed(7)
     q = torch.randn(2, 3, 4, generator=gen)
