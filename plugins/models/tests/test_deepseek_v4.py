@@ -398,6 +398,8 @@ def test_quantized_checkpoints_are_refused_by_name():
     (dict(num_key_value_heads=2), "one shared K=V head"),
     (dict(index_head_dim=4), "narrower than the rotary width"),
     (dict(scoring_func="relu"), "scoring_func"),
+    (dict(sliding_window=0), "sliding_window must be a positive integer"),
+    (dict(compress_rates={CSA: 4}), "compress_rates"),
 ])
 def test_unsupported_configs_are_refused_by_name(change, message):
     config = v4_config()

@@ -132,8 +132,14 @@ class DeepseekV4Attention(nn.Module):
         self.scale = d ** -0.5
         self.compressor: KVCompressor | None = None
         self.indexer: CompressedIndexer | None = None
+        if not isinstance(self.window, int) or self.window < 1:
+            raise ValueError(f"{prefix}: sliding_window must be a positive integer, got "
+                             f"{self.window!r}")
         if kind != SLIDING:
-            rate = cfg.compress_rates[kind]
+            rate = (getattr(cfg, "compress_rates", None) or {}).get(kind)
+            if not isinstance(rate, int) or rate < 1:
+                raise ValueError(f"{prefix}: compress_rates[{kind!r}] must be a positive "
+                                 f"integer, got {rate!r}")
             self.rate = rate
             self.compressor = KVCompressor(ctx, f"{prefix}.compressor", d, rate, kind == CSA,
                                            ropes["compress"])
