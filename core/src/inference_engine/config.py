@@ -240,7 +240,7 @@ class ParallelConfig:
     """
 
     tensor_parallel_size: int = 1
-    # Data-parallel replicas (attention per rank, MoE in lockstep): only 1 is implemented.
+    # Data-parallel engines (attention per rank, MoE in lockstep); > 1 under torchrun only.
     data_parallel_size: int = 1
     # Place MoE experts over the ranks instead of slicing each expert (vLLM's flag).
     enable_expert_parallel: bool = False
@@ -262,9 +262,11 @@ class ParallelConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} must be a positive integer, got {value!r}")
-        if self.data_parallel_size != 1:
-            raise ValueError("--data-parallel-size > 1 is not implemented yet (attention-"
-                             "per-rank data parallelism, issue 22 item 4)")
+        if self.data_parallel_size != 1 and self.distributed_executor_backend != (
+                "external_launcher"):
+            raise ValueError("--data-parallel-size > 1 runs under torchrun only "
+                             "(--distributed-executor-backend external_launcher, each DP rank "
+                             "an engine of its own); the mp and ray executors drive one")
         if self.distributed_executor_backend not in (None, *EXECUTOR_BACKENDS):
             raise ValueError(f"--distributed-executor-backend must be one of "
                              f"{', '.join(EXECUTOR_BACKENDS)}, got "

@@ -313,6 +313,20 @@ def test_transformers_state_dict_loads(pair):
                  hf_logits(hf, ids))
 
 
+def test_prefill_in_query_tiles_matches_transformers(pair, monkeypatch):
+    """With a tiny score budget a prefill is attended in tiles of 16 queries (each with its
+    own window span and closed entries); the logits are unchanged."""
+    from inference_engine_models import deepseek_v4
+
+    monkeypatch.setattr(deepseek_v4, "SCORE_BUDGET", 1)
+    config, hf, tensors = pair
+    ids = tokens(45, 15)
+    twin = ours(config, tensors)
+    first = run_step(twin, [Seq(ids[:37], 0, list(range(12)))])
+    second = run_step(twin, [Seq(ids, 37, list(range(12)))])
+    assert_close(torch.cat([first, second]), hf_logits(hf, ids))
+
+
 def test_checkpoint_names_map_to_ours():
     assert checkpoint_to_ours("head.weight") == "lm_head.weight"
     assert checkpoint_to_ours("embed.weight") == "model.embed_tokens.weight"

@@ -66,6 +66,8 @@ SLIDING, CSA, HCA = ("sliding_attention", "compressed_sparse_attention",
                      "heavily_compressed_attention")
 ATTENTION_TYPES = (SLIDING, CSA, HCA)
 MLP_TYPES = ("hash_moe", "moe")
+# Float32 score elements (queries x heads x keys) one prefill tile may make (128 MiB).
+SCORE_BUDGET = 1 << 25
 SCORING = {
     "sqrtsoftplus": lambda x: F.softplus(x).sqrt(),
     "sigmoid": torch.sigmoid,
@@ -224,28 +226,45 @@ class DeepseekV4Attention(nn.Module):
 
     def _prefill(self, row: int, q: torch.Tensor, q_pos: torch.Tensor,
                  selection: torch.Tensor | None, metadata: AttentionMetadata) -> torch.Tensor:
-        """One sequence's chunk: its window span and entries, masked per query."""
+        """One sequence's chunk: its window span and entries gathered once, attended in tiles
+        of queries (each tile reads only its own window span and the entries closed by its
+        last query) so the float32 scores stay within :data:`SCORE_BUDGET` elements."""
         (cache,) = self.kv_cache
+        n, device = q.shape[0], q.device
         seq_len = metadata.seq_lens_list[row]
-        first = seq_len - q.shape[0]
+        first = seq_len - n
         lo = max(0, first - self.window + 1)
-        keys = window_span(cache, metadata.block_tables, row, lo, seq_len)
-        k_pos = torch.arange(lo, seq_len, device=q.device)
-        mask = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] > q_pos[:, None] - self.window)
-        if self.compressor is not None:
-            num = seq_len // self.rate
-            if num:
-                idx = torch.arange(num, device=q.device)
-                entries = self.compressor.entries(torch.full_like(idx, row), idx,
-                                                  metadata.block_tables)
-                seen = visible_entries(q_pos, num, self.rate)
-                if selection is not None:
-                    picked = torch.zeros(q.shape[0], num + 1, dtype=torch.bool, device=q.device)
-                    picked.scatter_(1, torch.where(selection < 0, num, selection), True)
-                    seen = seen & picked[:, :num]
-                keys = torch.cat((keys, entries), dim=0)
+        span = window_span(cache, metadata.block_tables, row, lo, seq_len)
+        span_pos = torch.arange(lo, seq_len, device=device)
+        num = seq_len // self.rate if self.compressor is not None else 0
+        entries = picked = None
+        if num:
+            idx = torch.arange(num, device=device)
+            entries = self.compressor.entries(torch.full_like(idx, row), idx,
+                                              metadata.block_tables)
+            if selection is not None:
+                picked = torch.zeros(n, num + 1, dtype=torch.bool, device=device)
+                picked.scatter_(1, torch.where(selection < 0, num, selection), True)
+        tile = max(16, SCORE_BUDGET // (self.num_heads * (self.window + num + 16)))
+        if tile >= n:
+            tile = n
+        out = torch.empty_like(q)
+        for a in range(0, n, tile):
+            b = min(n, a + tile)
+            tile_pos = q_pos[a:b]
+            w_lo = max(lo, first + a - self.window + 1) - lo
+            keys, k_pos = span[w_lo:first + b - lo], span_pos[w_lo:first + b - lo]
+            mask = ((k_pos[None, :] <= tile_pos[:, None])
+                    & (k_pos[None, :] > tile_pos[:, None] - self.window))
+            closed = (first + b) // self.rate if num else 0
+            if closed:
+                seen = visible_entries(tile_pos, closed, self.rate)
+                if picked is not None:
+                    seen = seen & picked[a:b, :closed]
+                keys = torch.cat((keys, entries[:closed]), dim=0)
                 mask = torch.cat((mask, seen), dim=1)
-        return sink_attention(q, keys, mask, self.attn_sink, self.scale)
+            out[a:b] = sink_attention(q[a:b], keys, mask, self.attn_sink, self.scale)
+        return out
 
 
 # --------------------------------------------------------------------------- #
