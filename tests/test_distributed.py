@@ -189,18 +189,36 @@ def test_server_serves_tp2_expert_parallel_and_turns_unhealthy_when_a_rank_dies(
         server.stop()
 
 
-def test_torchrun_external_launcher_gives_the_same_tokens(models, reference, tmp_path):
+def torchrun(model: Path, nproc: int, out: Path, *flags: str, **engine_args) -> list[dict]:
+    """scripts/torchrun_generate.py under ``torchrun --standalone``; each rank's report."""
     script = Path(__file__).resolve().parents[1] / "scripts" / "torchrun_generate.py"
     prompts = [arg for p in PARITY_PROMPTS for arg in ("--prompt", p)]
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-         "2", str(script), str(models["dense"]), *prompts, "--max-tokens", str(NEW_TOKENS),
-         "--platform", TEST_PLATFORM, "--engine-args", json.dumps(ENGINE_ARGS),
-         "--json-out", str(tmp_path)],
+         str(nproc), str(script), str(model), *prompts, "--max-tokens", str(NEW_TOKENS),
+         "--platform", TEST_PLATFORM, "--engine-args", json.dumps({**ENGINE_ARGS, **engine_args}),
+         "--json-out", str(out), *flags],
         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    for rank in (0, 1):
-        assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == reference["dense"]
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(nproc)]
+
+
+def test_torchrun_external_launcher_gives_the_same_tokens(models, reference, tmp_path):
+    for report in torchrun(models["dense"], 2, tmp_path):
+        assert report["token_ids"] == reference["dense"]
+
+
+def test_torchrun_tp2_x_dp2_expert_parallel_gives_the_same_tokens(models, reference, tmp_path):
+    """4 ranks: 2 DP engines (each its own scheduler and KV cache, prompts shared out by
+    queued work) of 2 TP ranks; the MoE experts over all 4 (all-to-all); the DP rank that
+    runs out of work first keeps stepping with dummy forwards until the other is done."""
+    # An 8-token budget: the DP rank with the long prompt needs more steps than the other.
+    reports = torchrun(models["moe"], 4, tmp_path, "--data-parallel-size", "2",
+                       "--enable-expert-parallel", "--all2all-backend", "alltoall",
+                       max_num_batched_tokens=8)
+    for report in reports:
+        assert report["token_ids"] == reference["moe"]
+    assert sum(r["dummy_forwards"] for r in reports) > 0
 
 
 def test_ray_executor_on_a_local_cluster_gives_the_same_tokens(models, reference):

@@ -2,7 +2,8 @@
 
 One spawned job runs every check (a job costs seconds to start): each collective against
 what it must equal by definition, and both expert-parallel transports against the
-single-process MoE (every expert on one rank) on the same random routing.
+single-process MoE (every expert on one rank) on the same random routing, first with the
+tokens replicated over the ranks (TP=2), then with different tokens per rank (DP=2).
 """
 
 from __future__ import annotations
@@ -71,7 +72,36 @@ def _checks(rank: int) -> None:
     torch.testing.assert_close(out, expected[:1], rtol=1e-5, atol=1e-5)
 
 
-def _rank_main(rank: int, port: int) -> None:
+def _data_parallel_checks(rank: int) -> None:
+    """DP=2 x TP=1: the ranks hold different tokens (5 and 2); both transports still equal
+    every expert on one rank, each rank getting its own tokens' outputs."""
+    state = parallel_state()
+    assert state.dp.size == WORLD and state.tp.size == 1 and state.ep.size == WORLD
+    gen = torch.Generator().manual_seed(1)
+    experts, hidden, inter, k = 4, 16, 8, 2
+    gate_up = torch.randn(experts, 2 * inter, hidden, generator=gen) * 0.3
+    down = torch.randn(experts, hidden, inter, generator=gen) * 0.3
+    tokens = [5, 2][rank]
+    x = torch.randn(7, hidden, generator=gen)[[slice(0, 5), slice(5, 7)][rank]]
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:k] for _ in range(7)])
+    ids = ids[[slice(0, 5), slice(5, 7)][rank]]
+    weights = torch.rand(tokens, k, generator=gen)
+    expected = fused_moe_torch(x, gate_up, down, weights, ids)
+    place = ExpertPlacement(experts, WORLD, rank)
+    mine = slice(place.start, place.start + place.num_local)
+
+    def local(xs, ws, local_ids):
+        return fused_moe_torch(xs, gate_up[mine], down[mine], ws, local_ids)
+
+    table = place.global_to_local()
+    out = allgather_reducescatter_experts(x, weights, ids, place, table, local, state.ep,
+                                          state.dp)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    out = alltoall_experts(x, weights, ids, place, table, local, state.ep, state.tp)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def _rank_main(rank: int, port: int, second_port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     init_parallel(rank, WORLD, WORLD, enable_expert_parallel=True, timeout_s=60)
@@ -79,9 +109,15 @@ def _rank_main(rank: int, port: int) -> None:
         _checks(rank)
     finally:
         destroy_parallel()
+    init_parallel(rank, WORLD, 1, data_parallel_size=WORLD, enable_expert_parallel=True,
+                  init_method=f"tcp://127.0.0.1:{second_port}", timeout_s=60)
+    try:
+        _data_parallel_checks(rank)
+    finally:
+        destroy_parallel()
 
 
 def test_collectives_and_expert_transports_on_two_gloo_ranks():
-    tmp.spawn(_rank_main, args=(free_port(),), nprocs=WORLD, join=True)
+    tmp.spawn(_rank_main, args=(free_port(), free_port()), nprocs=WORLD, join=True)
     # This process never joined: it still sees single-rank groups.
     assert parallel_state().world.size == 1

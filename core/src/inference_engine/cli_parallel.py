@@ -20,7 +20,8 @@ TensorParallelSizeOption = Annotated[int, typer.Option(
          "vocabulary); one device each.")]
 DataParallelSizeOption = Annotated[int, typer.Option(
     "--data-parallel-size", "-dp", min=1,
-    help="Data-parallel replicas; only 1 is implemented.")]
+    help="Data-parallel engines (attention per rank, MoE in lockstep); more than 1 only "
+         "under torchrun (--distributed-executor-backend external_launcher).")]
 EnableExpertParallelOption = Annotated[bool, typer.Option(
     "--enable-expert-parallel",
     help="Place MoE experts over the ranks (whole experts) instead of splitting each one.")]

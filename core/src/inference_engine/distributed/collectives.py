@@ -165,6 +165,22 @@ class GroupCollectives:
         dist.broadcast(payload, src=self.ranks[src], group=self.cpu_group)
         return obj if self.rank == src else pickle.loads(payload.numpy().tobytes())
 
+    def host_sum(self, values: list[int]) -> list[int]:
+        """Sum small host integers over the group on its CPU group (flags, token counts)."""
+        if self.size == 1:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.cpu_group)
+        return t.tolist()
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's picklable ``obj``, in group-rank order (over the CPU group)."""
+        if self.size == 1:
+            return [obj]
+        out: list[Any] = [None] * self.size
+        dist.all_gather_object(out, obj, group=self.cpu_group)
+        return out
+
     def barrier(self) -> None:
         if self.size > 1:
             dist.barrier(group=self.cpu_group)

@@ -140,7 +140,8 @@ def start_executor(config: EngineConfig) -> DistributedExecutor | None:
 
 
 class _ExternalLauncher(DistributedExecutor):
-    """torchrun started every rank: nothing to send, every rank runs its own engine."""
+    """torchrun started every rank: nothing to send, every rank runs its own engine (with
+    data parallelism, its DP rank's requests, forwards in lockstep with the other DP ranks)."""
 
     def send(self, method: str, args: tuple[Any, ...]) -> None:
         return None
@@ -149,7 +150,11 @@ class _ExternalLauncher(DistributedExecutor):
         return []
 
     def wrap_runner(self, runner: Any) -> Any:
-        return runner
+        from inference_engine.distributed.data_parallel import LockstepRunner
+        from inference_engine.distributed.parallel_state import parallel_state
+
+        dp = parallel_state().dp
+        return LockstepRunner(runner, dp) if dp.size > 1 else runner
 
     def shutdown(self) -> None:
         from inference_engine.distributed.parallel_state import destroy_parallel

@@ -7,10 +7,10 @@ replicated); two transports bring each (token, expert) assignment to the rank
 that owns the expert and the weighted outputs back, and neither drops a token
 (capacity-free: buffers are sized by the step's actual counts, exchanged first):
 
-- :func:`allgather_reducescatter_experts`: every rank already holds every token
-  (data parallelism 1: the all-gather is the replicated batch), runs its own
-  experts' assignments, and the partial outputs are summed over the EP group
-  (the reduce-scatter becomes an all-reduce when every rank keeps every token).
+- :func:`allgather_reducescatter_experts`: the data-parallel ranks' tokens are
+  all-gathered (with one DP rank, the replicated batch already is), every rank runs
+  its own experts' assignments, and the partial outputs are summed over the EP group
+  (an all-reduce; each rank then keeps its own rows).
 - :func:`alltoall_experts`: each rank takes its share of the tokens, sends each
   token **once per destination rank** with the (local expert, weight) of every
   slot that rank owns (``all_to_all_single`` with uneven splits, counts
@@ -86,20 +86,48 @@ def run_local_assignments(x: torch.Tensor, weights: torch.Tensor, local_ids: tor
 
 def allgather_reducescatter_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                                     placement: ExpertPlacement, table: torch.Tensor,
-                                    experts: LocalExperts, ep: GroupCollectives) -> torch.Tensor:
-    """Every rank runs its experts over all tokens; the partial sums are summed over EP."""
-    out = run_local_assignments(x, weights, table[ids], experts)
-    return ep.all_reduce(out)
+                                    experts: LocalExperts, ep: GroupCollectives,
+                                    dp: GroupCollectives | None = None) -> torch.Tensor:
+    """Every rank runs its experts over all tokens; the partial sums are summed over EP.
+
+    With data parallelism (``dp``: ranks holding different tokens) the DP ranks' tokens
+    are all-gathered first (padded to the longest, counts exchanged), and each keeps its
+    own rows of the sum."""
+    if dp is None or dp.size == 1:
+        out = run_local_assignments(x, weights, table[ids], experts)
+        return ep.all_reduce(out)
+    t = x.shape[0]
+    counts = dp.host_sum([t if r == dp.rank else 0 for r in range(dp.size)])
+    longest = max(counts)
+
+    def padded(a: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros((longest, *a.shape[1:]), dtype=a.dtype, device=a.device)
+        out[:t] = a
+        return out
+
+    all_x = dp.all_gather(padded(x))
+    all_w = dp.all_gather(padded(weights))
+    all_ids = dp.all_gather(padded(ids))
+    local_ids = table[all_ids]
+    valid = torch.cat([torch.arange(longest, device=x.device) < n for n in counts])
+    local_ids.masked_fill_(~valid.unsqueeze(1), -1)  # padding rows route nowhere
+    out = ep.all_reduce(run_local_assignments(all_x, all_w, local_ids, experts))
+    return out[dp.rank * longest:dp.rank * longest + t]
 
 
 def alltoall_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                      placement: ExpertPlacement, table: torch.Tensor, experts: LocalExperts,
-                     ep: GroupCollectives) -> torch.Tensor:
-    """Dispatch this rank's share of tokens to the experts' owners, combine, all-gather."""
+                     ep: GroupCollectives, token_group: GroupCollectives | None = None
+                     ) -> torch.Tensor:
+    """Dispatch this rank's share of tokens to the experts' owners, combine, all-gather.
+
+    ``token_group``: the ranks that hold the same tokens (the TP group; the whole EP group
+    without data parallelism); the tokens are shared out over it and gathered back."""
+    share_group = token_group if token_group is not None else ep
     t, k = ids.shape
-    size, rank = ep.size, ep.rank
-    share = -(-t // size)  # tokens per rank; the last share may be short (or empty)
-    lo, hi = min(t, rank * share), min(t, (rank + 1) * share)
+    size = ep.size
+    share = -(-t // share_group.size)  # tokens per rank; the last share may be short
+    lo, hi = min(t, share_group.rank * share), min(t, (share_group.rank + 1) * share)
     my_x, my_w, my_ids = x[lo:hi], weights[lo:hi], ids[lo:hi]
     n = hi - lo
     owner = torch.div(my_ids, placement.num_local, rounding_mode="floor")  # [n, k]
@@ -123,6 +151,8 @@ def alltoall_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
     done = run_local_assignments(recv_x, recv_w, recv_ids, experts)
     back = ep.all_to_all(done, recv_splits, send_splits)  # the reverse exchange
     mine_out = torch.zeros_like(my_x).index_add_(0, token, back)
+    if share_group.size == 1:
+        return mine_out
     padded = torch.zeros(share, x.shape[1], dtype=x.dtype, device=x.device)
     padded[:n] = mine_out
-    return ep.all_gather(padded)[:t]
+    return share_group.all_gather(padded)[:t]

@@ -160,6 +160,8 @@ class FusedMoE(nn.Module):
         ps = parallel_state()
         self.placement = ExpertPlacement(num_experts, ps.ep.size, ps.ep.rank)
         self._ep, self._tp = ps.ep, (ps.tp if ps.ep.size == 1 else SINGLE_RANK)
+        # Expert parallel: the ranks holding the same tokens (TP) and those holding others (DP).
+        self._token_group, self._dp = ps.tp, ps.dp
         self.all2all_backend = ps.all2all_backend
         if self._tp.size > 1 and intermediate_size % self._tp.size:
             raise ValueError(f"{prefix}: expert intermediate size ({intermediate_size}) is not "
@@ -217,9 +219,11 @@ class FusedMoE(nn.Module):
             return self._experts_fn(xs, gate_up, down, ws, local_ids, self.activation,
                                     gate_up_bias, down_bias)
 
-        transport = (alltoall_experts if self.all2all_backend == "alltoall"
-                     else allgather_reducescatter_experts)
-        return transport(x, weights, ids, self.placement, self.global_to_local, local, self._ep)
+        if self.all2all_backend == "alltoall":
+            return alltoall_experts(x, weights, ids, self.placement, self.global_to_local,
+                                    local, self._ep, self._token_group)
+        return allgather_reducescatter_experts(x, weights, ids, self.placement,
+                                               self.global_to_local, local, self._ep, self._dp)
 
     def extra_repr(self) -> str:
         return (f"experts={self.num_experts}, hidden={self.hidden_size}, "
