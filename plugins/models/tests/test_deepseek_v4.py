@@ -314,11 +314,13 @@ def test_transformers_state_dict_loads(pair):
 
 
 def test_prefill_in_query_tiles_matches_transformers(pair, monkeypatch):
-    """With a tiny score budget a prefill is attended in tiles of 16 queries (each with its
-    own window span and closed entries); the logits are unchanged."""
+    """With a tiny score budget a prefill is attended and indexed in tiles of 16 queries
+    (each with its own window span and closed entries); the logits are unchanged."""
+    from inference_engine.layers import compressed_attention
     from inference_engine_models import deepseek_v4
 
     monkeypatch.setattr(deepseek_v4, "SCORE_BUDGET", 1)
+    monkeypatch.setattr(compressed_attention, "SCORE_BUDGET", 1)
     config, hf, tensors = pair
     ids = tokens(45, 15)
     twin = ours(config, tensors)

@@ -26,7 +26,11 @@ from inference_engine.layers.linear import ReplicatedLinear
 from inference_engine.layers.sparse_topk import topk_positions
 from inference_engine.layers.tail_rope import TailRope
 
-__all__ = ["CompressedIndexer", "indexer_scores", "sink_attention", "visible_entries"]
+__all__ = ["SCORE_BUDGET", "CompressedIndexer", "indexer_scores", "sink_attention",
+           "visible_entries"]
+
+# Float32 score elements (queries x heads x entries) one indexer prefill tile may make (128 MiB).
+SCORE_BUDGET = 1 << 25
 
 
 def sink_attention(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor,
@@ -158,10 +162,19 @@ class CompressedIndexer(nn.Module):
             idx = torch.arange(num, device=hidden.device)
             keys = self.compressor.entries(torch.full_like(idx, i), idx,
                                            metadata.block_tables).float()
-            scores = indexer_scores(q[start:end], keys, head_weights[start:end], scale)
-            valid = visible_entries(positions[start:end], num, self.rate)
-            out[start:end] = topk_positions(scores.masked_fill(~valid, float("-inf")),
-                                            self.topk, self.topk_impl)
+            # Tiles of queries, each scoring the entries its last query has closed, so the
+            # float32 [tile, heads, entries] scores stay within SCORE_BUDGET elements.
+            first = metadata.seq_lens_list[i] - (end - start)
+            tile = max(16, SCORE_BUDGET // (self.num_heads * num))
+            for a in range(start, end, tile):
+                b = min(end, a + tile)
+                closed = (first + b - start) // self.rate
+                if closed == 0:
+                    continue
+                scores = indexer_scores(q[a:b], keys[:closed], head_weights[a:b], scale)
+                valid = visible_entries(positions[a:b], closed, self.rate)
+                out[a:b] = topk_positions(scores.masked_fill(~valid, float("-inf")),
+                                          self.topk, self.topk_impl)
         return out
 
 
