@@ -146,3 +146,30 @@ def test_refusals(llm, features, prompt, tmp_path):
 def test_max_model_len_beyond_decoder_positions_is_refused(whisper_dir):
     with pytest.raises(ValueError, match="max_target_positions=128"):
         cpu_llm(whisper_dir, max_model_len=256)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_teacher_forced_logprobs_match_transformers(tmp_path, features, tied):
+    """Every position of a longer decoder prompt (forced tokens + text), for two clips in one
+    batch with 3-token prefill chunks: the engine's prompt logprobs equal log-softmax of
+    transformers' float32 decoder logits on the same features, within 1e-4. ``tied``: the
+    head shares the token embedding (as released Whisper checkpoints do)."""
+    path = make_tiny_whisper(tmp_path / "w", seed=3, tie_word_embeddings=tied)
+    tok = AutoTokenizer.from_pretrained(path)
+    ids = tok.convert_tokens_to_ids(PROMPT_TOKENS) + tok.encode(
+        " the quick brown fox jumps", add_special_tokens=False)
+    model = WhisperForConditionalGeneration.from_pretrained(path).eval()
+    clips = features[2:4]
+    with torch.no_grad():
+        logits = model(input_features=clips,
+                       decoder_input_ids=torch.tensor([ids] * len(clips))).logits
+    ref = torch.log_softmax(logits.float(), -1)
+    assert (ref[0] - ref[1]).abs().max() > 1e-2  # the two clips' audio changes the logits
+    llm = cpu_llm(path, max_num_batched_tokens=3, block_size=4)
+    outs = llm.generate([{"prompt_token_ids": ids, "encoder_inputs": f} for f in clips],
+                        SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0))
+    for row, out in enumerate(outs):
+        got = torch.tensor([out.prompt_logprobs[pos][ids[pos]].logprob
+                            for pos in range(1, len(ids))])
+        want = ref[row, torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
