@@ -175,3 +175,48 @@ def test_structured_outputs_are_refused_with_speculation(ngram):
         choice=["yes", "no"]))
     with pytest.raises(ValueError, match="structured outputs and speculative_config"):
         ngram.engine.add_request("Answer:", params)
+
+
+def _cli(*args: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "inference_engine.cli", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_generate_and_bench_take_speculative_config(plain):
+    import json
+
+    config = json.dumps(NGRAM)
+    result = _cli("generate", "--model", str(DEMO), "--prompt", PROMPTS[0], "--max-tokens",
+                  "12", "--ignore-eos", "--platform", "cpu", "--kv-cache-memory",
+                  str(SMALL_KV), "--speculative-config", config, "--json")
+    assert result.returncode == 0, result.stderr
+    want = plain.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=12,
+                                                     ignore_eos=True), use_tqdm=False)
+    assert json.loads(result.stdout)["token_ids"] == want[0].outputs[0].token_ids
+    result = _cli("bench", "--model", str(DEMO), "--num-prompts", "2", "--input-len", "8",
+                  "--output-len", "8", "--platform", "cpu", "--kv-cache-memory",
+                  str(SMALL_KV), "--speculative-config", config, "--json")
+    assert result.returncode == 0, result.stderr
+    spec = json.loads(result.stdout)["spec_decode"]
+    assert {"mean_acceptance_length", "acceptance_rate_per_pos", "num_draft_tokens"} <= set(spec)
+    bad = _cli("generate", "--model", str(DEMO), "--prompt", "x", "--platform", "cpu",
+               "--speculative-config", '{"method": "ngram", "num_speculative_tokenz": 2}')
+    assert bad.returncode == 2 and "num_speculative_tokenz" in bad.stderr
+    bad = _cli("serve", str(DEMO), "--platform", "cpu", "--speculative-config", "{ngram")
+    assert bad.returncode == 2 and "--speculative-config is not valid JSON" in bad.stderr
+
+
+def test_metrics_expose_speculative_counters(ngram):
+    from inference_engine.entrypoints.openai.metrics import ServerMetrics
+
+    ngram.generate(PROMPTS[0], GREEDY, use_tqdm=False)
+    text = ServerMetrics("demo", vllm_names=True).render(ngram.engine.stats()).decode()
+    stats = ngram.engine.stats()
+    assert (f'inference_engine:spec_decode_num_accepted_tokens_total{{model_name="demo"}} '
+            f'{float(stats["spec_decode_num_accepted_tokens"])}') in text
+    assert 'spec_decode_num_accepted_tokens_per_pos_total{model_name="demo",position="3"}' in text
+    assert "vllm:spec_decode_num_drafts_total" in text
+    assert "inference_engine:spec_decode_mean_acceptance_length" in text

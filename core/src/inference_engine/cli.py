@@ -19,6 +19,7 @@ from inference_engine.cli_options import (
     MaxCpuLoRAsOption,
     MaxLoRARankOption,
     MaxLoRAsOption,
+    SpeculativeConfigOption,
 )
 from inference_engine.cli_parallel import (
     All2AllBackendOption,
@@ -64,7 +65,7 @@ def list_plugins(
         Optional[str],
         typer.Option(help="Only show plugins providing this kind (models, quantization, "
                           "platforms, attention_backends, weight_formats, tool_parsers, "
-                          "reasoning_parsers)."),
+                          "reasoning_parsers, proposers)."),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     strict: Annotated[bool, typer.Option(help="Exit 1 if any plugin failed to load.")] = False,
@@ -147,6 +148,7 @@ def generate(
     platform: Annotated[Optional[str], typer.Option(help="Force a platform by name.")] = None,
     hf_overrides: HfOverridesOption = None,
     indexer_dtype: IndexerDtypeOption = None,
+    speculative_config: SpeculativeConfigOption = None,
 ) -> None:
     """Generate completions for one or more prompts, batched together."""
     model = _model_or_demo(model, "--model PATH")
@@ -167,7 +169,8 @@ def generate(
                   **parallel_kwargs(tensor_parallel_size, data_parallel_size,
                                   enable_expert_parallel, distributed_executor_backend,
                                   all2all_backend),
-                  hf_overrides=model_config_overrides(hf_overrides, indexer_dtype))
+                  hf_overrides=model_config_overrides(hf_overrides, indexer_dtype),
+                  speculative_config=speculative_config)
         outputs = llm.generate(list(prompt), params, use_tqdm=not as_json)
     except (ValueError, UnknownNameError, OSError, TypeError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -272,6 +275,7 @@ def serve(
         help="Run the configuration code a model folder ships (config.json auto_map).")] = False,
     hf_overrides: HfOverridesOption = None,
     indexer_dtype: IndexerDtypeOption = None,
+    speculative_config: SpeculativeConfigOption = None,
     generation_config: Annotated[str, typer.Option(
         help="Request sampling defaults: auto (the model's generation_config.json), vllm "
              "(none) or a folder holding a generation_config.json.")] = "auto",
@@ -377,7 +381,8 @@ def serve(
             quant_options=parse_key_values(quant_option, "--quant-option"),
             enable_lora=enable_lora, max_loras=max_loras, max_lora_rank=max_lora_rank,
             max_cpu_loras=max_cpu_loras,
-            hf_overrides=model_config_overrides(hf_overrides, indexer_dtype))
+            hf_overrides=model_config_overrides(hf_overrides, indexer_dtype),
+            speculative_config=speculative_config)
         run_server(engine_config, server_config)
     except (ValueError, UnknownNameError, OSError, TypeError) as exc:
         typer.echo(f"error: {exc}", err=True)

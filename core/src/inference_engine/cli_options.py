@@ -8,7 +8,8 @@ import typer
 
 __all__ = ["AsyncSchedulingOption", "EnableLoRAOption", "EnforceEagerOption",
            "GpuMemoryUtilizationOption", "HfOverridesOption", "IndexerDtypeOption",
-           "LoRAModulesOption", "MaxCpuLoRAsOption", "MaxLoRARankOption", "MaxLoRAsOption"]
+           "LoRAModulesOption", "MaxCpuLoRAsOption", "MaxLoRARankOption", "MaxLoRAsOption",
+           "SpeculativeConfigOption"]
 
 GpuMemoryUtilizationOption = Annotated[float, typer.Option(
     min=0.0, max=1.0, help="Fraction of GPU memory the engine may use; the KV cache gets "
@@ -31,6 +32,11 @@ LoRAModulesOption = Annotated[Optional[list[str]], typer.Option(  # noqa: UP045
          "(needs --enable-lora).")]
 MaxLoRAsOption = Annotated[int, typer.Option(
     min=1, help="LoRA adapters on the device at once (one step runs at most this many).")]
+SpeculativeConfigOption = Annotated[Optional[str], typer.Option(  # noqa: UP045
+    help="Speculative decoding as a JSON object (vLLM's keys), e.g. '{\"method\": \"ngram\", "
+         "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4}' or '{\"method\": "
+         "\"draft_model\", \"model\": \"PATH\", \"num_speculative_tokens\": 3}'; methods: "
+         "list-plugins --kind proposers.")]
 MaxLoRARankOption = Annotated[int, typer.Option(min=1, help="The largest LoRA rank accepted.")]
 MaxCpuLoRAsOption = Annotated[Optional[int], typer.Option(  # noqa: UP045
     min=1, help="LoRA adapters kept in host memory; default: --max-loras.")]

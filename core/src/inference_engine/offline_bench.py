@@ -20,6 +20,7 @@ from inference_engine.cli_options import (
     AsyncSchedulingOption,
     EnforceEagerOption,
     GpuMemoryUtilizationOption,
+    SpeculativeConfigOption,
 )
 from inference_engine.cli_values import parse_key_values
 
@@ -40,6 +41,8 @@ class BenchResult:
     requests_per_s: float
     output_tokens_per_s: float
     total_tokens_per_s: float
+    # Speculative decoding counters of the measured run (None without speculation).
+    spec_decode: dict[str, Any] | None = None
 
 
 def _prompts(vocab_size: int, num_prompts: int, input_len: int, seed: int) -> list[list[int]]:
@@ -64,9 +67,11 @@ def run_offline_bench(model: str, num_prompts: int = 32, input_len: int = 128,
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     if warmup:
         llm.generate(prompts[:1], SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)
+    spec_before = _spec_stats(llm)
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
+    spec = _spec_delta(spec_before, _spec_stats(llm))
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     prompt_tokens = sum(len(p) for p in prompts)
     platform = llm.engine.platform
@@ -79,7 +84,37 @@ def run_offline_bench(model: str, num_prompts: int = 32, input_len: int = 128,
         requests_per_s=round(num_prompts / elapsed, 3),
         output_tokens_per_s=round(generated / elapsed, 1),
         total_tokens_per_s=round((generated + prompt_tokens) / elapsed, 1),
+        spec_decode=spec,
     )
+
+
+def _spec_stats(llm: Any) -> dict[str, Any] | None:
+    spec = llm.engine.spec
+    if spec is None:
+        return None
+    m = spec.metrics
+    return {"num_drafts": m.num_drafts, "num_draft_tokens": m.num_draft_tokens,
+            "num_accepted_tokens": m.num_accepted_tokens,
+            "accepted_per_pos": list(m.accepted_per_pos)}
+
+
+def _spec_delta(before: dict[str, Any] | None, after: dict[str, Any] | None
+                ) -> dict[str, Any] | None:
+    """The measured run's speculative counters (the warm-up's taken off), with vLLM's
+    acceptance length (1 + accepted per verifying request-step) and per-position rates."""
+    if before is None or after is None:
+        return None
+    drafts = after["num_drafts"] - before["num_drafts"]
+    accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
+    per_pos = [a - b for a, b in zip(after["accepted_per_pos"], before["accepted_per_pos"],
+                                     strict=True)]
+    return {
+        "num_drafts": drafts,
+        "num_draft_tokens": after["num_draft_tokens"] - before["num_draft_tokens"],
+        "num_accepted_tokens": accepted,
+        "mean_acceptance_length": round(1 + accepted / drafts, 3) if drafts else 1.0,
+        "acceptance_rate_per_pos": [round(n / drafts, 3) if drafts else 0.0 for n in per_pos],
+    }
 
 
 def bench_command(
@@ -108,6 +143,7 @@ def bench_command(
         help="Device index to use, e.g. 1 (CUDA_VISIBLE_DEVICES is not touched).")] = None,
     platform: Annotated[Optional[str], typer.Option(  # noqa: UP045
         help="Force a platform by name.")] = None,
+    speculative_config: SpeculativeConfigOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Offline throughput of a fixed random-prompt workload on MODEL."""
@@ -122,6 +158,8 @@ def bench_command(
                               "platform": platform}
     if quantization is not None:
         kwargs["quantization"] = quantization
+    if speculative_config is not None:
+        kwargs["speculative_config"] = speculative_config
     try:
         if quant_option:
             kwargs["quant_options"] = parse_key_values(quant_option, "--quant-option")
@@ -137,3 +175,9 @@ def bench_command(
                f"{result.elapsed_s:.2f} s")
     typer.echo(f"  {result.requests_per_s:.2f} req/s, {result.output_tokens_per_s:.1f} output "
                f"tok/s, {result.total_tokens_per_s:.1f} total tok/s")
+    if result.spec_decode is not None:
+        s = result.spec_decode
+        rates = ", ".join(f"{r:.2f}" for r in s["acceptance_rate_per_pos"])
+        typer.echo(f"  speculative: acceptance length {s['mean_acceptance_length']:.2f}, "
+                   f"{s['num_accepted_tokens']}/{s['num_draft_tokens']} drafts accepted, "
+                   f"per position [{rates}]")

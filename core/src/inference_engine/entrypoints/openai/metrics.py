@@ -25,7 +25,9 @@ VLLM_NAMED = frozenset({
     "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
     "prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "prompt_tokens",
     "generation_tokens", "request_success", "time_to_first_token_seconds",
-    "inter_token_latency_seconds", "e2e_request_latency_seconds"})
+    "inter_token_latency_seconds", "e2e_request_latency_seconds",
+    "spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
+    "spec_decode_num_accepted_tokens_per_pos"})
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -74,6 +76,40 @@ class _EngineCollector:
             yield counter
 
 
+class _SpecDecodeCollector:
+    """Speculative decoding counters (vLLM's names), present when the engine speculates."""
+
+    def __init__(self, engine: _EngineCollector) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.engine.snapshot
+        if "spec_decode_num_drafts" not in s:
+            return
+        labels = ["model_name"]
+        model = self.engine.model_name
+        for key, doc in (
+            ("spec_decode_num_drafts", "Request-steps that verified drafts."),
+            ("spec_decode_num_draft_tokens", "Draft tokens verified."),
+            ("spec_decode_num_accepted_tokens", "Draft tokens accepted."),
+        ):
+            counter = CounterMetricFamily(PREFIX + key, doc, labels=labels)
+            counter.add_metric([model], float(s[key]))
+            yield counter
+        per_pos = CounterMetricFamily(
+            PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+            "Request-steps whose draft at this position was accepted.",
+            labels=[*labels, "position"])
+        for position, count in enumerate(s["spec_decode_num_accepted_tokens_per_pos"]):
+            per_pos.add_metric([model, str(position)], float(count))
+        yield per_pos
+        gauge = GaugeMetricFamily(PREFIX + "spec_decode_mean_acceptance_length",
+                                  "Tokens emitted per verifying request-step (1 + accepted).",
+                                  labels=labels)
+        gauge.add_metric([model], float(s["spec_decode_mean_acceptance_length"]))
+        yield gauge
+
+
 class _VLLMNamedCollector:
     """Our families that vLLM also has, again under ``vllm:`` (dashboards built for vLLM)."""
 
@@ -104,6 +140,7 @@ class ServerMetrics:
         self.model_name = model_name
         self._engine = _EngineCollector(model_name)
         self.registry.register(self._engine)
+        self.registry.register(_SpecDecodeCollector(self._engine))
         labels = ["model_name"]
         kw: dict[str, Any] = {"registry": self.registry}
         self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prompt tokens of finished "
