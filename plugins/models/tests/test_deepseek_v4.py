@@ -500,3 +500,18 @@ def test_engine_greedy_parity_batched_with_prefix_cache(tokenizer, saved):
     outs = llm.generate(prompts, PARAMS)
     assert llm.engine.blocks.stats.hit_tokens - before == 60 + 52
     assert_engine_matches(hf, tokenizer, prompts, outs)
+
+
+def test_engine_greedy_parity_with_ngram_speculation(tokenizer, saved):
+    """Rejected draft tokens leave K=V rows, compressor inputs and entries in their slots;
+    they are rewritten when the positions are computed again, so speculation stays lossless
+    (V4 keeps no per-sequence state outside the paged pool)."""
+    hf, path = saved
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+             "prompt_lookup_max": 3}
+    llm = cpu_llm(path, dtype="float32", block_size=4, max_num_batched_tokens=16,
+                  speculative_config=ngram)
+    outs = llm.generate(ENGINE_PROMPTS, PARAMS)
+    stats = llm.engine.stats()
+    assert stats["spec_decode_num_draft_tokens"] > stats["spec_decode_num_accepted_tokens"]
+    assert_engine_matches(hf, tokenizer, ENGINE_PROMPTS, outs)
