@@ -9,6 +9,7 @@ our per-request generator makes the same draws in the same order).
 from __future__ import annotations
 
 import json
+import shutil
 
 import httpx
 import pytest
@@ -182,6 +183,11 @@ def test_settings_come_from_the_generation_config_and_extra_args(llm, model_dir)
     assert settings.with_overrides({"start_canvas": "pad", "t_max": 0.9}).t_max == 0.9
     state = llm.engine.diffusion.new_state(SamplingParams(extra_args={"max_denoising_steps": 3}))
     assert state.settings.max_denoising_steps == 3
+    # The engine reads the checkpoint's generation_config.json.
+    copy = model_dir.parent / "with_generation_config"
+    shutil.copytree(model_dir, copy, ignore=shutil.ignore_patterns("genconf"))
+    config.save_pretrained(copy)
+    assert cpu_llm(copy, max_model_len=64).engine.diffusion.defaults == settings
 
 
 @pytest.mark.parametrize(("params", "named"), [
@@ -219,6 +225,10 @@ def test_server_serves_completions_chat_and_streams(model_dir, llm):
                         delta = json.loads(line[6:])["choices"][0]["delta"]
                         streamed.append(delta.get("content") or "")
             assert "".join(streamed) == whole
+            image = {"messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]}
+            r = http.post("/v1/chat/completions", json=image)
+            assert r.status_code == 400 and "image_url" in r.text
             r = http.post("/v1/completions", json={**body, "max_denoising_steps": 0})
             assert r.status_code == 400 and "max_denoising_steps" in r.text
             r = http.post("/v1/completions", json={**body, "denoising_steps": 4})
