@@ -109,11 +109,11 @@ def main() -> None:
     ]
     for _name, llm, params in cases:  # warm-up (oneDNN primitives, first-call costs)
         run(llm, prompts[:2], params)
-    print(f"{'case':56s} {'tok/s':>8s} {'tok/fwd':>8s} {'steps/blk':>9s} {'eng steps':>9s}")
+    print(f"{'case':60s} {'tok/s':>8s} {'tok/fwd':>8s} {'steps/blk':>9s} {'eng steps':>9s}")
     for name, llm, params in cases:
         results = [run(llm, prompts, params) for _ in range(args.runs)]
         med = {k: statistics.median(r[k] for r in results) for k in results[0]}
-        print(f"{name:56s} {med['tok_s']:8.1f} {med['tokens_per_forward']:8.2f} "
+        print(f"{name:60s} {med['tok_s']:8.1f} {med['tokens_per_forward']:8.2f} "
               f"{med['steps_per_block']:9.2f} {med['engine_steps']:9.0f}")
 
 
