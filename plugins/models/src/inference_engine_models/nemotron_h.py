@@ -68,7 +68,7 @@ class Relu2Experts(nn.Module):
     """``num_experts`` non-gated relu² MLPs: ``up_proj [E, I, H]``, ``down_proj [E, H, I]``.
 
     Tokens are grouped by expert (one sort) and each expert with tokens runs two matmuls
-    on its rows; the router's weights scale the results.
+    on its rows; the router's weights scale the results, summed per token.
     """
 
     def __init__(self, ctx: ModelContext, num_experts: int, hidden_size: int,
@@ -101,10 +101,12 @@ class Relu2Experts(nn.Module):
                 h = relu2(rows[start : start + count] @ self.up_proj[expert].t())
                 out_rows[start : start + count] = h @ self.down_proj[expert].t()
                 start += count
-        scale = weights.reshape(-1).index_select(0, order).to(out_rows.dtype)
-        out = torch.zeros_like(x)
-        out.index_add_(0, token_of, out_rows * scale[:, None])
-        return out
+        # Back to (token, choice) order with a gather, then the weighted sum over the k
+        # choices (a scatter-add was 4x slower per decode step on the CPU).
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel(), device=order.device)
+        per_choice = out_rows.index_select(0, inverse).view(t, k, -1)
+        return (per_choice * weights.to(out_rows.dtype).unsqueeze(-1)).sum(1)
 
 
 class NemotronHMoE(nn.Module):
