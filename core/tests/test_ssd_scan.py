@@ -152,3 +152,38 @@ def test_triton_decode_step_equals_reference():
     got = ssm_decode_step_triton(x, dt, A, B, C, D, got_state, slots)
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got_state, ref_state, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(INTERPRETING or not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_compiled_kernels_on_gpu_equal_the_reference():
+    """The compiled kernels on a real chunk size (64) and head size (64), float32 state,
+    bf16 activations (upcast in the kernels) against the torch references on the same device."""
+    from inference_engine.layers.triton_ssd_scan import (
+        ssd_chunk_scan_triton,
+        ssm_decode_step_triton,
+    )
+
+    cuda = torch.device("cuda")
+    gen = torch.Generator().manual_seed(9)
+    lengths, heads, groups, p, n = [1, 200, 64, 77], 8, 2, 64, 64
+    t = sum(lengths)
+    x = torch.randn(t, heads, p, generator=gen).to(cuda, torch.bfloat16)
+    dt = torch.nn.functional.softplus(torch.randn(t, heads, generator=gen) - 1.0).to(cuda)
+    A = (-torch.rand(heads, generator=gen) - 0.2).to(cuda)
+    B = (torch.randn(t, groups, n, generator=gen) * 0.5).to(cuda, torch.bfloat16)
+    C = (torch.randn(t, groups, n, generator=gen) * 0.5).to(cuda, torch.bfloat16)
+    D = torch.randn(heads, generator=gen).to(cuda)
+    starts = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=cuda)
+    state = torch.randn(6, heads, p, n, generator=gen).to(cuda)
+    slots = torch.tensor([5, 0, 2, 3], device=cuda)
+    has_initial = torch.tensor([True, False, True, True], device=cuda)
+    ref_state, got_state = state.clone(), state.clone()
+    ref = ssd_chunk_scan_torch(x, dt, A, B, C, D, 64, starts, has_initial, ref_state, slots)
+    got = ssd_chunk_scan_triton(x, dt, A, B, C, D, 64, starts, has_initial, got_state, slots)
+    torch.testing.assert_close(got, ref, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(got_state, ref_state, atol=2e-3, rtol=2e-3)
+    ref = ssm_decode_step_torch(x[:4], dt[:4], A, B[:4], C[:4], D, ref_state, slots)
+    got = ssm_decode_step_triton(x[:4], dt[:4], A, B[:4], C[:4], D, got_state, slots)
+    torch.testing.assert_close(got, ref, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(got_state, ref_state, atol=2e-3, rtol=2e-3)
