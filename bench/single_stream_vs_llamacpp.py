@@ -95,8 +95,11 @@ def fresh_engine_worker(folder: str, num_requests: int, new_tokens: int) -> None
     started = time.perf_counter() - start
     llm.generate({"prompt_token_ids": prompts[0][:16]}, SamplingParams(max_tokens=4),
                  use_tqdm=False)
+    cpu = time.process_time()
     rate = ours_throughput(llm, prompts, new_tokens)
-    print(json.dumps({"start_s": started, "tokens_per_s": rate}))
+    cpu = time.process_time() - cpu  # every thread of this process, over the workload
+    print(json.dumps({"start_s": started, "tokens_per_s": rate,
+                      "tokens_per_cpu_s": len(prompts) * new_tokens / cpu}))
 
 
 def fresh_engine_run(folder: str, num_requests: int, new_tokens: int) -> dict:
@@ -123,6 +126,8 @@ def main() -> None:
     parser.add_argument("--llamacpp-python", default=None)
     parser.add_argument("--skip-fresh", action="store_true",
                         help="skip the fresh-engine 64-request comparison")
+    parser.add_argument("--skip-batch1", action="store_true",
+                        help="skip the wall-clock batch-1 comparison")
     parser.add_argument("--json", default=None, help="also write the figures here")
     parser.add_argument("--cpu-time", action="store_true",
                         help="also compare the CPU time per token at one thread each")
@@ -166,26 +171,27 @@ def main() -> None:
         rng = torch.Generator().manual_seed(0)
         prompt = torch.randint(0, len(tokenizer), (args.prompt_tokens,), generator=rng).tolist()
 
-        engines = {
-            "bf16": LLM(folder, dtype="bfloat16", show_progress=False,
-                        enable_prefix_caching=False),
-            "Q4_K_M": LLM(q4, dtype=args.gguf_dtype, show_progress=False,
-                          enable_prefix_caching=False),
-        }
         files = {"bf16": bf16_gguf, "Q4_K_M": q4}
-        for llm in engines.values():
-            ours_decode_rate(llm, prompt, 8)
-        for r in range(args.repeats):
-            print(f"round {r + 1}/{args.repeats}", flush=True)
-            for label, llm in engines.items():
-                record(f"ours batch-1 decode tok/s ({label})",
-                       ours_decode_rate(llm, prompt, args.new_tokens))
-                if python is not None:
-                    job = {"op": "decode", "model": files[label], "prompt": prompt,
-                           "new_tokens": args.new_tokens}
-                    record(f"llama.cpp batch-1 decode tok/s ({label})",
-                           run_llamacpp(python, job, work, spinning=True)["tokens_per_s"])
-        del engines
+        if not args.skip_batch1:
+            engines = {
+                "bf16": LLM(folder, dtype="bfloat16", show_progress=False,
+                            enable_prefix_caching=False),
+                "Q4_K_M": LLM(q4, dtype=args.gguf_dtype, show_progress=False,
+                              enable_prefix_caching=False),
+            }
+            for llm in engines.values():
+                ours_decode_rate(llm, prompt, 8)
+            for r in range(args.repeats):
+                print(f"round {r + 1}/{args.repeats}", flush=True)
+                for label, llm in engines.items():
+                    record(f"ours batch-1 decode tok/s ({label})",
+                           ours_decode_rate(llm, prompt, args.new_tokens))
+                    if python is not None:
+                        job = {"op": "decode", "model": files[label], "prompt": prompt,
+                               "new_tokens": args.new_tokens}
+                        record(f"llama.cpp batch-1 decode tok/s ({label})",
+                               run_llamacpp(python, job, work, spinning=True)["tokens_per_s"])
+            del engines
         if args.cpu_time:
             ours_paths = {"bf16": (folder, "bfloat16"), "Q4_K_M": (q4, args.gguf_dtype)}
             for r in range(args.repeats):
@@ -218,8 +224,13 @@ def main() -> None:
                 record("ours fresh engine start-up s", fresh["start_s"])
                 record(f"ours fresh engine {args.num_requests} requests tok/s",
                        fresh["tokens_per_s"])
+                record(f"ours fresh engine {args.num_requests} requests tok per CPU-second",
+                       fresh["tokens_per_cpu_s"])
+                cpu = time.process_time()
                 record(f"transformers {args.num_requests} requests tok/s (batch {args.hf_batch})",
                        hf_throughput(model, prompts, args.new_tokens, args.hf_batch))
+                record(f"transformers {args.num_requests} requests tok per CPU-second",
+                       len(prompts) * args.new_tokens / (time.process_time() - cpu))
 
     for name, values in runs.items():
         results[name] = statistics.median(values)
@@ -237,6 +248,11 @@ def main() -> None:
         hf_rate = results[
             f"transformers {args.num_requests} requests tok/s (batch {args.hf_batch})"]
         results["fresh engine / transformers (target >= 4)"] = round(ours / hf_rate, 2)
+        # The same work per second of each process's own CPU time: what the ratio is on a
+        # machine nobody else uses, as far as both scale over their threads alike.
+        ours = results[f"ours fresh engine {args.num_requests} requests tok per CPU-second"]
+        hf_rate = results[f"transformers {args.num_requests} requests tok per CPU-second"]
+        results["fresh engine / transformers, per CPU-second"] = round(ours / hf_rate, 2)
     print(f"\nresults (medians of {args.repeats}; OMP_WAIT_POLICY="
           f"{os.environ.get('OMP_WAIT_POLICY', 'unset')} for ours)")
     for name, value in results.items():
