@@ -193,7 +193,11 @@ class FusedMoE(nn.Module):
         self._experts_fn: ExpertsFn = _experts_fn(self.kernel)
 
     def checkpoint_layouts(self, leaf: str) -> list[dict[str, object]]:
-        """A stacked ``leaf`` tensor, or (for the weights) one tensor per expert and part."""
+        """A stacked ``leaf`` tensor, or (for the weights) one tensor per expert and part;
+        the quant method names its own parameters' layouts (per-expert scales) first."""
+        own = self.quant_method.checkpoint_layouts(self, leaf)
+        if own is not None:
+            return own
         layouts: list[dict[str, object]] = [{leaf: None}]
         gate, up, down = self.expert_names
         per_expert = {"gate_up_proj": [(gate, "gate"), (up, "up")], "down_proj": [(down, "down")]}
@@ -205,19 +209,15 @@ class FusedMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """``x [T, hidden]``, router ``weights``/``ids [T, k]`` -> ``[T, hidden]``."""
-        gate_up, down, gate_up_bias, down_bias = self.quant_method.expert_weights(self)
         if self._ep.size == 1 and self._tp.size == 1:
-            return self._experts_fn(x, gate_up, down, weights, ids, self.activation,
-                                    gate_up_bias, down_bias)
+            return self.quant_method.apply(self, x, weights, ids, self._experts_fn)
         self.expert_load += expert_counts(ids.reshape(-1), self.num_experts)
         if self._ep.size == 1:  # tensor parallel: partial sums of every expert's slice
-            out = self._experts_fn(x, gate_up, down, weights, ids, self.activation,
-                                   gate_up_bias, down_bias)
+            out = self.quant_method.apply(self, x, weights, ids, self._experts_fn)
             return self._tp.all_reduce(out)
 
         def local(xs: torch.Tensor, ws: torch.Tensor, local_ids: torch.Tensor) -> torch.Tensor:
-            return self._experts_fn(xs, gate_up, down, ws, local_ids, self.activation,
-                                    gate_up_bias, down_bias)
+            return self.quant_method.apply(self, xs, ws, local_ids, self._experts_fn)
 
         if self.all2all_backend == "alltoall":
             return alltoall_experts(x, weights, ids, self.placement, self.global_to_local,

@@ -5,13 +5,15 @@ an MoE layer one of these (None: :class:`UnquantizedFusedMoEMethod`). The
 method registers the checkpoint's expert tensors on the layer, converts them
 after loading, and gives the expert GEMMs their weights as dense
 ``gate_up [E, 2I, K]`` / ``down [E, K_out, I]`` tensors in the compute dtype
-(a quantized method may dequantize once after loading, as gpt-oss MXFP4 does,
-or supply its own kernel by overriding :meth:`FusedMoEMethod.apply`).
+(a quantized method may dequantize once after loading, or supply its own
+kernel by overriding :meth:`FusedMoEMethod.apply`, as the FP8 and MXFP4
+methods do to keep the experts quantized through the grouped GEMM).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -37,6 +39,23 @@ class FusedMoEMethod(ABC):
     @abstractmethod
     def expert_weights(self, layer: nn.Module) -> ExpertWeights:
         """Dense weights for the expert GEMMs."""
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+              experts_fn: Callable[..., torch.Tensor]) -> torch.Tensor:
+        """The experts of ``layer`` on ``x [T, hidden]`` routed by ``weights``/``ids [T, k]``.
+
+        The default hands :meth:`expert_weights` to ``experts_fn`` (the layer's kernel,
+        chosen at build, named by ``layer.kernel``); quantized methods override this to run
+        their own grouped GEMM on the packed experts.
+        """
+        gate_up, down, gate_up_bias, down_bias = self.expert_weights(layer)
+        return experts_fn(x, gate_up, down, weights, ids, layer.activation, gate_up_bias,
+                          down_bias)
+
+    def checkpoint_layouts(self, layer: nn.Module, leaf: str) -> list[dict[str, object]] | None:
+        """Checkpoint names of the method's own parameter ``leaf`` (per-expert scales);
+        None: the layer's default (a stacked tensor, or per expert for the weights)."""
+        return None
 
 
 class UnquantizedFusedMoEMethod(FusedMoEMethod):
