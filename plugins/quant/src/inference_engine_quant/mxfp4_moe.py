@@ -6,16 +6,18 @@ U8 ``[E, 2I, H/32]`` (rows interleaved gate, up, gate, up, ... as gpt-oss's
 ``gate_up[..., ::2]`` / ``[..., 1::2]`` split expects), ``down_proj_blocks``
 ``[E, H, I/32, 16]`` with ``down_proj_scales``, and bf16 biases. The rows
 are de-interleaved once at load into the engine's gate-then-up layout while
-still packed (rows are independent), so the weights stay packed in memory;
-each forward dequantizes the layer's experts with
-:func:`~inference_engine_quant.mx_block.dequantize_mxfp4` and hands dense
-weights to the expert GEMMs. ``dequantize_at_load`` keeps the dense copy instead.
+still packed (rows are independent), so the weights stay packed in memory.
+Each forward runs :func:`~inference_engine_quant.quant_moe.fused_moe_quant`
+with the layer's build-time kernel: the Triton grouped GEMM decodes the packed
+tiles in registers; the torch path (CPU) dequantizes only the experts that
+received tokens. ``dequantize_at_load`` keeps a dense copy instead.
 Online (``--quantization mxfp4`` on a bf16 MoE checkpoint) the dense experts
 are quantized after loading with the same OCP rule as linear layers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -30,6 +32,7 @@ from torch import nn
 from inference_engine_quant.mx_block import MX_BLOCK_SIZE, dequantize_mxfp4, quantize_mxfp4
 from inference_engine_quant.mx_e8m0 import ScaleRule
 from inference_engine_quant.mx_linear import replace_params
+from inference_engine_quant.quant_moe import QuantExperts, fused_moe_quant
 
 __all__ = ["Mxfp4FusedMoEMethod"]
 
@@ -112,10 +115,26 @@ class Mxfp4FusedMoEMethod(FusedMoEMethod):
         bias = (getattr(layer, "gate_up_proj_bias", None), getattr(layer, "down_proj_bias", None))
         if layer.mx_dense:
             return (layer.gate_up_proj, layer.down_proj, *bias)
-        # Dequantized per forward: the packed experts are what stays resident.
+        # Whole-layer dequantization: for callers that want dense weights; forward does not.
         tensors = dict(layer.named_parameters(recurse=False))
         return (self._dequantize(layer, "gate_up", tensors),
                 self._dequantize(layer, "down", tensors), *bias)
+
+    def quant_experts(self, layer: nn.Module) -> QuantExperts:
+        """The packed experts as the quantized grouped GEMM reads them (views, no copy)."""
+        return QuantExperts(
+            "mxfp4", layer.gate_up_proj_blocks.flatten(-2), layer.gate_up_proj_scales,
+            layer.down_proj_blocks.flatten(-2), layer.down_proj_scales,
+            layer.mx_k["gate_up"], layer.mx_k["down"], (1, MX_BLOCK_SIZE),
+            getattr(layer, "gate_up_proj_bias", None), getattr(layer, "down_proj_bias", None))
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+              experts_fn: Callable[..., torch.Tensor]) -> torch.Tensor:
+        """Packed experts through the quantized grouped GEMM (dense ones through the layer's)."""
+        if layer.mx_dense:
+            return super().apply(layer, x, weights, ids, experts_fn)
+        return fused_moe_quant(layer.kernel, x, self.quant_experts(layer), weights, ids,
+                               layer.activation)
 
     def weight_memory_bytes(self, layer: nn.Module) -> int:
         """Bytes of the experts' weights and scales at rest (biases excluded)."""
