@@ -72,6 +72,8 @@ def ie_register_proposers() -> list[Spec]:
              "Prompt lookup: the tokens that followed the context's last n-gram (no model)"),
         Spec("draft_model", "inference_engine.speculative.draft_model:DraftModelProposer",
              "A small model of the same vocabulary, its own KV in a paged pool"),
+        Spec("eagle3", "inference_engine.speculative.eagle3:Eagle3Proposer",
+             "EAGLE-3: one layer over target hidden states of 3 layers (vLLM's Llama layout)"),
     ]
 
 

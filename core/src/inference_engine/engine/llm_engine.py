@@ -694,6 +694,8 @@ class LLMEngine:
             self.lora.prepare_step([s.request.lora for s in out.scheduled],
                                    [s.num_new_tokens for s in out.scheduled])
         logits = self.runner.execute_batch(batch)
+        self.spec.on_target_step([s.request.request_id for s in out.scheduled],
+                                 batch.num_computed, batch.query_lens)
         for i, prompt_logits in logits.prompt_logits.items():
             self._add_prompt_logprobs(out.scheduled[i], prompt_logits)
         self.scheduler.update_after_step(out)

@@ -100,5 +100,11 @@ class Proposer(ABC):
         that keep running.
         """
 
+    def on_target_step(self, request_ids: Sequence[str], num_computed: Sequence[int],
+                       query_lens: Sequence[int]) -> None:  # noqa: B027 - optional
+        """After each target forward: which requests it ran, from which position, over how
+        many tokens (in the forward's row order); drafters that read the target's hidden
+        states take them here."""
+
     def remove(self, request_id: str) -> None:  # noqa: B027 - optional
         """Forget a request (finished, aborted or preempted)."""

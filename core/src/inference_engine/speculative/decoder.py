@@ -101,6 +101,10 @@ class SpecDecoder:
     def attach_sampler(self, sampler: Sampler) -> None:
         self.rejection = RejectionSampler(sampler)
 
+    def on_target_step(self, request_ids: Sequence[str], num_computed: Sequence[int],
+                       query_lens: Sequence[int]) -> None:
+        self.proposer.on_target_step(request_ids, num_computed, query_lens)
+
     def verify(self, logits: torch.Tensor, requests: Sequence[Request],
                num_drafts: Sequence[int]) -> VerifyOutput:
         """Verify each request's first ``num_drafts[i]`` drafts against ``logits``
