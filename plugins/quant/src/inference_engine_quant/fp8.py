@@ -95,6 +95,8 @@ class Fp8Method(QuantMethod):
     """Loads ``fp8`` checkpoints (per-tensor or block) into (K, N) FP8 weights."""
 
     name = "fp8"
+    # Block scales are cut with their rows / columns (whole 128-blocks per rank).
+    supports_tensor_parallel = True
     # Name of the block-scale tensor (compressed-tensors FP8 block calls it ``weight_scale``).
     block_scale_name = "weight_scale_inv"
 
@@ -143,6 +145,24 @@ class Fp8Method(QuantMethod):
     @classmethod
     def kernel_for(cls, platform: Any) -> str:
         return fp8_kernel_description(platform)
+
+    def fused_moe_method(self, prefix: str) -> Any | None:
+        """FP8 experts (per expert block or per-tensor scales; online: per row), kept in FP8.
+
+        Raises:
+            ValueError: static activation scales or a KN layout on MoE experts.
+        """
+        from inference_engine_quant.fp8_moe import Fp8FusedMoEMethod
+
+        if is_ignored(prefix, self.ignored):
+            return None
+        if not self.online and self.activation_scheme == "static":
+            raise ValueError(f"{prefix}: FP8 experts with static activation scales are not "
+                             f"implemented (the expert GEMM is weight-only)")
+        if not self.online and self.layout != "NK":
+            raise ValueError(f"{prefix}: FP8 experts in the KN weight layout are not implemented")
+        return Fp8FusedMoEMethod(self.block_nk, self.online, self.block_scale_name,
+                                 self.dequantize_at_load)
 
     # ------------------------------------------------------------------ create
 
@@ -198,6 +218,8 @@ class Fp8Method(QuantMethod):
             loaded = loaded.float()
         target = param.data if self.layout == "NK" else param.data.t()
         loaded_nk = loaded if self.layout == "NK" else loaded.t()
+        if getattr(layer, "tp_size", 1) > 1:  # this rank's rows / columns (and their blocks)
+            loaded_nk = layer.tp_shard(loaded_nk, shard_id)
         where = name
         if shard_id is not None:
             offset, size = layer.shard_rows(shard_id)

@@ -51,6 +51,13 @@ class PtpcFp8Method(UnquantizedMethod):
     def kernel_for(cls, platform: Any) -> str:
         return fp8_kernel_description(platform, blockwise=False)
 
+    def fused_moe_method(self, prefix: str) -> Any | None:
+        """Experts quantized at load with one scale per row (the PTPC weight scheme), run
+        weight-only through the quantized grouped GEMM."""
+        from inference_engine_quant.fp8_moe import Fp8FusedMoEMethod
+
+        return Fp8FusedMoEMethod(None, online=True)
+
     def create_weights(self, layer: nn.Module, prefix: str, input_size: int,
                        output_sizes: list[int], params_dtype: torch.dtype) -> None:
         super().create_weights(layer, prefix, input_size, output_sizes, params_dtype)
