@@ -25,7 +25,7 @@ CONFIG = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=2,
 def test_kernel_cases_under_the_interpreter():
     pytest.importorskip("triton")
     stdout = run_under_triton_interpreter(__file__)
-    assert "11 passed, 1 skipped" in stdout, stdout[-2000:]  # only the wrapper skips
+    assert "16 passed, 1 skipped" in stdout, stdout[-2000:]  # only the wrapper skips
 
 
 interp = pytest.mark.skipif(not INTERPRETING, reason="runs in the TRITON_INTERPRET=1 child")
@@ -110,3 +110,36 @@ def test_layer_on_simulated_fp8_gpu_uses_triton_and_matches_reference():
     x = torch.randn(3, 256)
     ref = reference_fp8_linear(x, q.t(), s.t(), (128, 128), 128)
     assert torch.allclose(apply_fp8_linear(layer, x), ref, atol=1e-4, rtol=1e-5)
+
+
+@interp
+@pytest.mark.parametrize(("m", "split"), [(1, 2), (3, 3), (17, 4), (129, 2)])
+def test_split_k_equals_reference(m, split):
+    """The small-M launch (K split over programs, partials summed) on odd shapes: N and K not
+    multiples of the tiles, 32x32 blocks, bias."""
+    from inference_engine_quant.fp8_math import (
+        quantize_activation,
+        quantize_weight_blockwise,
+        reference_fp8_linear,
+    )
+    from inference_engine_quant.kernels.fp8_block_gemm import fp8_block_gemm
+
+    torch.manual_seed(m)
+    k, n = 200, 72
+    w = torch.randn(n, k) * 0.2
+    x = torch.randn(m, k)
+    q, s = quantize_weight_blockwise(w, (32, 32))
+    q_x, s_x = quantize_activation(x, 32)
+    bias = torch.randn(n)
+    got = fp8_block_gemm(q_x.float(), s_x, q.t().float(), s.t().contiguous(), 32, 32,
+                         torch.float32, bias=bias, config={**CONFIG, "SPLIT_K": split})
+    ref = reference_fp8_linear(x, q.t(), s.t(), (32, 32), 32, bias=bias)
+    assert torch.allclose(got, ref, atol=1e-4, rtol=1e-5), (got - ref).abs().max()
+
+
+def test_auto_split_k_covers_the_gpu_only_for_small_m():
+    from inference_engine_quant.kernels.fp8_block_gemm import auto_split_k
+
+    assert auto_split_k(1, 4096, 4096, 16, 64, 128) == 4  # 64 tiles -> 256 programs
+    assert auto_split_k(4096, 4096, 4096, 64, 128, 128) == 1  # 2048 tiles: enough
+    assert auto_split_k(1, 4096, 256, 16, 64, 128) == 1  # two K blocks: nothing to split

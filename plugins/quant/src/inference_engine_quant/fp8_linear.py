@@ -305,6 +305,8 @@ def _apply_triton(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
 def _tuning(layer: nn.Module, m: int, n: int, k: int, default: dict[str, Any]) -> dict[str, Any]:
     """Launch parameters from the kernel-tuning hook; M is bucketed to a power of two."""
     bucket = 1 << max(0, (max(m, 1) - 1).bit_length())
+    if bucket <= 32:  # decode sizes: thin row tiles, narrow N tiles, split-K fills the GPU
+        default = {**default, "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64}
     op = "fp8_block_gemm" if layer.fp8_block[0] < k or layer.fp8_block[1] > 1 else "fp8_gemm"
     try:
         from inference_engine.kernel_tuning import tuning_config

@@ -9,7 +9,13 @@ the kernel). For each K step the partial product of the raw FP8 (or upcast)
 tiles is multiplied by ``s_a[m, g] * s_b[g, n // GROUP_N]`` and accumulated in
 float32, as in vLLM's ``w8a8_block_fp8_matmul``.
 
-Any M works (the odd-M tail and M = 1 decode are masked). The plain-PyTorch
+Any M works (the odd-M tail and M = 1 decode are masked). Two launch shapes,
+both the same kernel: large M tiles the output (grouped ordering so row
+blocks share a weight slice in L2); small M (decode) has too few output tiles
+to keep every SM streaming weights, so K is split over ``SPLIT_K`` programs per
+tile (split-K), each writing a float32 partial sum that the wrapper adds up in
+a fixed order (deterministic, unlike atomics). ``SPLIT_K`` comes from the
+tuning table, or from :func:`auto_split_k` (enough programs to cover the GPU). The plain-PyTorch
 ground truth is :func:`inference_engine_quant.fp8_math.reference_fp8_linear`;
 tests run this kernel under ``TRITON_INTERPRET=1`` on float32-upcast inputs
 (the interpreter has no FP8), on a GPU it gets FP8 tensors directly.
@@ -28,11 +34,16 @@ except ImportError:  # pragma: no cover - triton is an optional extra
     triton = None
     tl = None
 
-__all__ = ["DEFAULT_CONFIG", "HAS_TRITON", "fp8_block_gemm"]
+__all__ = ["DEFAULT_CONFIG", "HAS_TRITON", "auto_split_k", "fp8_block_gemm"]
 
 HAS_TRITON = triton is not None
 
+# Programs a launch should have at least to keep a GPU's SMs busy (132 on H100/H200;
+# a few per SM hide latency); only used when the config leaves SPLIT_K to the heuristic.
+TARGET_PROGRAMS = 264
+
 DEFAULT_CONFIG: dict[str, Any] = {
+    "SPLIT_K": 0,  # 0: choose by auto_split_k
     "BLOCK_SIZE_M": 64,
     "BLOCK_SIZE_N": 128,
     "BLOCK_SIZE_K": 128,
@@ -49,15 +60,16 @@ if HAS_TRITON:
         a_ptr, b_ptr, c_ptr, as_ptr, bs_ptr, bias_ptr,
         M, N, K,
         stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-        stride_as_m, stride_as_g, stride_bs_g, stride_bs_n,
-        GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
+        stride_as_m, stride_as_g, stride_bs_g, stride_bs_n, stride_cs, K_PER_SPLIT,
+        SPLIT_K: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
         HAS_A_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
         BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
         GROUP_SIZE_M: tl.constexpr,
     ):
         pid = tl.program_id(axis=0)
-        num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
-        num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
+        pid_k = tl.program_id(axis=1)
+        num_pid_m = (M + BLOCK_SIZE_M - 1) // BLOCK_SIZE_M
+        num_pid_n = (N + BLOCK_SIZE_N - 1) // BLOCK_SIZE_N
         num_pid_in_group = GROUP_SIZE_M * num_pid_n
         group_id = pid // num_pid_in_group
         first_pid_m = group_id * GROUP_SIZE_M
@@ -70,14 +82,15 @@ if HAS_TRITON:
         offs_k = tl.arange(0, BLOCK_SIZE_K)
         mask_m = offs_m < M
         mask_n = offs_n < N
-        a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
-        b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+        k_first = pid_k * K_PER_SPLIT
+        a_ptrs = a_ptr + offs_m[:, None] * stride_am + (k_first + offs_k[None, :]) * stride_ak
+        b_ptrs = b_ptr + (k_first + offs_k[:, None]) * stride_bk + offs_n[None, :] * stride_bn
         bs_ptrs = bs_ptr + (offs_n // GROUP_N) * stride_bs_n
         as_ptrs = as_ptr + offs_m * stride_as_m
 
         acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-        for k0 in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
-            k_start = k0 * BLOCK_SIZE_K
+        for k0 in range(0, (K_PER_SPLIT + BLOCK_SIZE_K - 1) // BLOCK_SIZE_K):
+            k_start = k_first + k0 * BLOCK_SIZE_K
             k_mask = offs_k < K - k_start
             a = tl.load(a_ptrs, mask=mask_m[:, None] & k_mask[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=k_mask[:, None] & mask_n[None, :], other=0.0)
@@ -95,9 +108,24 @@ if HAS_TRITON:
 
         if HAS_BIAS:
             acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-        c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+        # Split-K: each split stores its float32 partial in its own slice of c (the wrapper
+        # sums them and adds the bias; HAS_BIAS is off then).
+        c_ptrs = (c_ptr + pid_k * stride_cs + offs_m[:, None] * stride_cm
+                  + offs_n[None, :] * stride_cn)
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
+
+
+def auto_split_k(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int,
+                 target_programs: int = TARGET_PROGRAMS) -> int:
+    """Splits of K (a power of two) that bring the launch to ``target_programs``, each split
+    keeping at least two K blocks; 1 when the output tiles alone are enough (large M)."""
+    tiles = -(-m // block_m) * -(-n // block_n)
+    k_blocks = -(-k // block_k)
+    split = 1
+    while tiles * split * 2 <= target_programs and k_blocks >= split * 4:
+        split *= 2
+    return split
 
 
 def fp8_block_gemm(
@@ -123,7 +151,8 @@ def fp8_block_gemm(
         out_dtype: dtype of ``c``.
         bias: optional ``[N]``.
         config: launch parameters (BLOCK_SIZE_M/N/K, GROUP_SIZE_M, num_warps,
-            num_stages); default :data:`DEFAULT_CONFIG`. ``BLOCK_SIZE_K`` is
+            num_stages, SPLIT_K: 0 or absent chooses by :func:`auto_split_k`);
+            default :data:`DEFAULT_CONFIG`. ``BLOCK_SIZE_K`` is
             lowered to divide ``group_k`` when needed.
 
     Raises:
@@ -153,21 +182,39 @@ def fp8_block_gemm(
         while group_k % block_k:
             block_k //= 2
     block_k = max(block_k, 16)
-    c = torch.empty((m, n), dtype=out_dtype, device=a.device)
     if m == 0:
-        return c
+        return torch.empty((m, n), dtype=out_dtype, device=a.device)
+    split = int(cfg.get("SPLIT_K", 0))
+    if split <= 0:
+        split = auto_split_k(m, n, k, cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], block_k)
+    # Each split covers whole K blocks (so a K step never straddles two splits).
+    per_split = (k + split - 1) // split
+    k_per_split = (per_split + block_k - 1) // block_k * block_k
+    split = (k + k_per_split - 1) // k_per_split
+    if split == 1:
+        c = torch.empty((m, n), dtype=out_dtype, device=a.device)
+        stride_cs = 0
+    else:
+        c = torch.empty((split, m, n), dtype=torch.float32, device=a.device)
+        stride_cs = c.stride(0)
     a_s = a_scale if a_scale is not None else b_scale  # dummy pointer when unused
-    grid = (triton.cdiv(m, cfg["BLOCK_SIZE_M"]) * triton.cdiv(n, cfg["BLOCK_SIZE_N"]),)
+    grid = (triton.cdiv(m, cfg["BLOCK_SIZE_M"]) * triton.cdiv(n, cfg["BLOCK_SIZE_N"]), split)
     _fp8_block_gemm_kernel[grid](
         a, b, c, a_s, b_scale, bias if bias is not None else b_scale,
         m, n, k,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(-2), c.stride(-1),
         a_s.stride(0), a_s.stride(1), b_scale.stride(0), b_scale.stride(1),
+        stride_cs, k_per_split, SPLIT_K=split,
         GROUP_K=min(group_k, max(k, 1)) if group_k >= k else group_k,
         GROUP_N=group_n,
-        HAS_A_SCALE=a_scale is not None, HAS_BIAS=bias is not None,
+        HAS_A_SCALE=a_scale is not None, HAS_BIAS=bias is not None and split == 1,
         BLOCK_SIZE_M=cfg["BLOCK_SIZE_M"], BLOCK_SIZE_N=cfg["BLOCK_SIZE_N"],
         BLOCK_SIZE_K=block_k, GROUP_SIZE_M=cfg["GROUP_SIZE_M"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
-    return c
+    if split == 1:
+        return c
+    out = c.sum(dim=0)
+    if bias is not None:
+        out += bias.float()
+    return out.to(out_dtype)
