@@ -19,7 +19,7 @@ from inference_engine_quant.mx_block import dequantize_mx, quantize_mxfp4
 from inference_engine_quant.nvfp4_codec import dequantize_nvfp4, quantize_nvfp4
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
-NUM_CASES = 6
+NUM_CASES = 10
 
 
 @pytest.mark.skipif(INTERPRETING, reason="this is the wrapper; the cases run in the child")
@@ -89,3 +89,25 @@ def test_e4m3_subnormal_scales_decode_in_kernel(kernels):
     ref = kernels.fp4_linear_reference(x, packed, scales, "e4m3", k)
     got = kernels.fp4_linear_triton(x, packed, scales, "e4m3", k, config=CONFIG)
     assert torch.allclose(got, ref, rtol=1e-6)
+
+
+@pytest.mark.parametrize(("m", "split", "scale_kind"),
+                         [(1, 2, "e8m0"), (3, 3, "e4m3"), (17, 2, "e8m0"), (129, 4, "e4m3")])
+def test_split_k_matches_reference(kernels, m, split, scale_kind):
+    """The small-M launch (K split over programs, float32 partials summed), K and N off the
+    tiles, with bias (MXFP4) and per-row globals (NVFP4)."""
+    torch.manual_seed(m + split)
+    n, k = 24, 160
+    w = torch.randn(n, k)
+    x = torch.randn(m, k)
+    if scale_kind == "e8m0":
+        packed, scales = quantize_mxfp4(w)
+        g, bias = None, torch.randn(n)
+    else:
+        packed, scales, g0 = quantize_nvfp4(w)
+        g, bias = torch.full((n,), float(g0)), None
+    ref = kernels.fp4_linear_reference(x, packed, scales, scale_kind, k, global_scale=g,
+                                       bias=bias)
+    got = kernels.fp4_linear_triton(x, packed, scales, scale_kind, k, global_scale=g, bias=bias,
+                                    config={**CONFIG, "SPLIT_K": split})
+    assert torch.allclose(got, ref, atol=1e-4, rtol=1e-5), (got - ref).abs().max()

@@ -12,7 +12,10 @@ the activation dtype and multiplies, so no full dense copy ever exists; it
 is the ground truth and the CPU path. :func:`fp4_linear_triton` decodes the
 nibbles and scales inside the GEMM's K loop (weight-only: activations stay
 16/32-bit, as vLLM's Triton/Marlin FP4 paths do on GPUs without FP4 math) and
-is checked against the reference under ``TRITON_INTERPRET=1`` in float32.
+is checked against the reference under ``TRITON_INTERPRET=1`` in float32. At
+decode sizes (few row tiles) K is split over programs (``SPLIT_K``, from the
+tuning table or ``auto_split_k``) so the packed weights stream from every SM;
+the float32 partials are summed in a fixed order.
 Launch parameters come from ``inference_engine.kernel_tuning.tuning_config``
 (op ``"fp4_gemm"``, shape keys ``M N K``).
 """
@@ -24,6 +27,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
+from inference_engine_quant.kernels.fp8_block_gemm import auto_split_k
 from inference_engine_quant.mx_e2m1 import _PAIR_LUT
 from inference_engine_quant.mx_e8m0 import decode_e8m0
 
@@ -54,6 +58,7 @@ _TILE_ELEMENTS = 1 << 20
 _E8M0_LUT = decode_e8m0(torch.arange(256, dtype=torch.uint8)).unsqueeze(1)
 
 DEFAULT_CONFIG: dict[str, Any] = {
+    "SPLIT_K": 0,  # 0: choose by auto_split_k
     "BLOCK_SIZE_M": 16,
     "BLOCK_SIZE_N": 64,
     "BLOCK_SIZE_K": 64,
@@ -141,6 +146,7 @@ if HAS_TRITON:
         x_ptr, w_ptr, s_ptr, g_ptr, bias_ptr, y_ptr,
         M, N, K,
         stride_xm, stride_xk, stride_wn, stride_wk, stride_sn, stride_sk, stride_ym, stride_yn,
+        stride_ys, K_PER_SPLIT,
         GROUP: tl.constexpr, SCALE_E8M0: tl.constexpr, HAS_GLOBAL: tl.constexpr,
         HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
         BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
@@ -148,13 +154,15 @@ if HAS_TRITON:
         """``y[m, n] = Σ_k x[m, k] · e2m1(w[n, k]) · scale[n, k // GROUP] (· g[n]) + bias[n]``."""
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
+        pid_k = tl.program_id(2)
+        k_first = pid_k * K_PER_SPLIT
         offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
         offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
         m_ok = offs_m < M
         n_ok = offs_n < N
         acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-        for k0 in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
-            offs_k = k0 * BLOCK_SIZE_K + tl.arange(0, BLOCK_SIZE_K)
+        for k0 in range(0, (K_PER_SPLIT + BLOCK_SIZE_K - 1) // BLOCK_SIZE_K):
+            offs_k = k_first + k0 * BLOCK_SIZE_K + tl.arange(0, BLOCK_SIZE_K)
             k_ok = offs_k < K
             x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
                         mask=m_ok[:, None] & k_ok[None, :], other=0.0)
@@ -187,7 +195,8 @@ if HAS_TRITON:
         if HAS_BIAS:
             b = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
             acc = acc + b[None, :]
-        tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn,
+        y_ptrs = y_ptr + pid_k * stride_ys + offs_m[:, None] * stride_ym
+        tl.store(y_ptrs + offs_n[None, :] * stride_yn,
                  acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
@@ -228,18 +237,33 @@ def fp4_linear_triton(
     if k != input_size:
         raise ValueError(f"activations have {k} columns, the layer expects {input_size}")
     scales_u8 = scales.view(torch.uint8) if scales.dtype != torch.uint8 else scales
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    cfg = config or _launch_config(m, n, k)
-    grid = (triton.cdiv(m, cfg["BLOCK_SIZE_M"]), triton.cdiv(n, cfg["BLOCK_SIZE_N"]))
+    cfg = {"SPLIT_K": 0, **(config or _launch_config(m, n, k))}
+    block_k = cfg["BLOCK_SIZE_K"]
+    split = int(cfg["SPLIT_K"])
+    if split <= 0:
+        split = auto_split_k(m, n, k, cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], block_k)
+    per_split = (k + split - 1) // split
+    k_per_split = (per_split + block_k - 1) // block_k * block_k
+    split = (k + k_per_split - 1) // k_per_split
+    # Split-K (small M): float32 partials per split, summed here in a fixed order.
+    y = (torch.empty(m, n, dtype=x.dtype, device=x.device) if split == 1
+         else torch.empty(split, m, n, dtype=torch.float32, device=x.device))
+    grid = (triton.cdiv(m, cfg["BLOCK_SIZE_M"]), triton.cdiv(n, cfg["BLOCK_SIZE_N"]), split)
     g = global_scale.float().contiguous() if global_scale is not None else y
     b = bias if bias is not None else y
     _fp4_gemm_kernel[grid](
         x2, packed, scales_u8, g, b, y, m, n, k,
         x2.stride(0), x2.stride(1), packed.stride(0), packed.stride(1),
-        scales_u8.stride(0), scales_u8.stride(1), y.stride(0), y.stride(1),
+        scales_u8.stride(0), scales_u8.stride(1), y.stride(-2), y.stride(-1),
+        y.stride(0) if split > 1 else 0, k_per_split,
         GROUP=group, SCALE_E8M0=scale_kind == "e8m0", HAS_GLOBAL=global_scale is not None,
-        HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32,
+        HAS_BIAS=bias is not None and split == 1, IEEE=x.dtype == torch.float32,
         BLOCK_SIZE_M=cfg["BLOCK_SIZE_M"], BLOCK_SIZE_N=cfg["BLOCK_SIZE_N"],
         BLOCK_SIZE_K=cfg["BLOCK_SIZE_K"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
+    if split > 1:
+        y = y.sum(dim=0)
+        if bias is not None:
+            y += bias.float()
+        y = y.to(x.dtype)
     return y.reshape(*lead, n)
