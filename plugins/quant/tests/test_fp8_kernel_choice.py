@@ -66,6 +66,9 @@ class Gfx:
     def fp8_dtype(self) -> torch.dtype:
         return torch.float8_e4m3fnuz if self.arch.startswith("gfx94") else torch.float8_e4m3fn
 
+    def supports_triton(self) -> bool:
+        return True
+
 
 def test_cpu_always_uses_the_reference():
     assert choose_fp8_kernel(CpuPlatform(), blockwise=False) == "reference"

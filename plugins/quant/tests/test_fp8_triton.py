@@ -101,6 +101,9 @@ def test_layer_on_simulated_fp8_gpu_uses_triton_and_matches_reference():
         def arch_name(self):
             return "sm90"
 
+        def supports_triton(self):
+            return True
+
     torch.manual_seed(3)
     w = torch.randn(160, 256) * 0.1
     q, s = quantize_weight_blockwise(w)

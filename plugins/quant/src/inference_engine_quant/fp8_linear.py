@@ -77,14 +77,10 @@ def _has_triton() -> bool:
 
 
 def supports_triton(platform: Any) -> bool:
-    """Whether ``platform`` says Triton kernels compile for it (objects that do not answer
-    are taken at their word when they have a device, as older simulated platforms did)."""
-    if platform is None:
-        return False
+    """Whether ``platform`` says Triton kernels compile for it; an object that does not
+    answer ``supports_triton()`` is taken to say no (never guessed from its device type)."""
     answer = getattr(platform, "supports_triton", None)
-    if answer is None:
-        return getattr(platform, "device_type", "cpu") != "cpu"
-    return bool(answer())
+    return bool(answer()) if answer is not None else False
 
 
 def fp8_gemm_kernels(platform: Any) -> list[str]:
