@@ -38,6 +38,7 @@ __all__ = [
     "fp4_kernel_name",
     "is_online_target",
     "matches_module",
+    "native_mxfp4",
     "quantized_weight_bytes",
     "replace_params",
     "use_triton_fp4",
@@ -89,12 +90,24 @@ def use_triton_fp4(platform: Any) -> bool:
     return (listed is not None and KERNEL_TRITON_MXFP4 in listed()) or supports_triton(platform)
 
 
+def native_mxfp4(platform: Any) -> bool:
+    """Whether ``platform`` lists the block-scaled ``tl.dot_scaled`` MXFP4 GEMM in its
+    ``fp4_gemm_kernels()`` (CUDA sm100+, ROCm gfx950) and Triton is installed."""
+    from inference_engine_quant.kernels.mx_dot_scaled_gemm import HAS_TRITON
+
+    listed = getattr(platform, "fp4_gemm_kernels", None)
+    return HAS_TRITON and listed is not None and KERNEL_TRITON_MXFP4 in listed()
+
+
 def fp4_kernel_name(platform: Any, what: str) -> str:
     """Human name of the FP4 matmul path on ``platform`` (for ``inference-engine env``).
 
-    No native FP4 tensor-core GEMM is wired in yet, so on Blackwell
-    (``supports_fp4()``) the weight-only Triton kernel is used too, and says so.
+    MXFP4 runs the native block-scaled ``tl.dot_scaled`` GEMM (MXFP8 activations) where
+    the platform lists it; NVFP4 has no native path here, so a platform with FP4 math
+    (``supports_fp4()``) runs the weight-only Triton kernel for it, and says so.
     """
+    if what == "MXFP4" and native_mxfp4(platform):
+        return "triton MXFP4 tl.dot_scaled GEMM (MXFP8 activations, native block-scaled)"
     if not use_triton_fp4(platform):
         return f"torch tiled {what} dequantize + matmul (reference)"
     name = f"triton {what} dequant-GEMM (weight-only, 16-bit activations)"

@@ -41,6 +41,7 @@ from inference_engine_quant.mx_linear import (
     fp4_kernel_name,
     is_online_target,
     matches_module,
+    native_mxfp4,
     replace_params,
     set_dense_weight,
     use_triton_fp4,
@@ -93,13 +94,21 @@ class Mxfp4Format(LinearFormat):
             return
         replace_params(layer, remove, weight_blocks=blocks.contiguous(),
                        weight_scales=scales.contiguous())
-        layer.mx_kernel = "triton" if use_triton_fp4(self.platform) else "reference"
+        if native_mxfp4(self.platform):
+            layer.mx_kernel = "dot_scaled"
+        else:
+            layer.mx_kernel = "triton" if use_triton_fp4(self.platform) else "reference"
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         kernel = layer.mx_kernel
         if kernel == "dense":
             return F.linear(x, layer.weight, bias)
         packed = layer.weight_blocks.flatten(-2)
+        if kernel == "dot_scaled":
+            from inference_engine_quant.kernels.mx_dot_scaled_gemm import mxfp4_dot_scaled_linear
+
+            return mxfp4_dot_scaled_linear(x, packed, layer.weight_scales, layer.mx_input_size,
+                                           bias=bias)
         if kernel == "triton":
             from inference_engine_quant.kernels.fp4_gemm import fp4_linear_triton
 
