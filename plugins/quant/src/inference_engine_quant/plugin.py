@@ -6,6 +6,8 @@ method adds its own line to the list below.
 
 from __future__ import annotations
 
+from typing import Any
+
 from inference_engine import hookimpl
 from inference_engine.registry import Spec
 
@@ -34,3 +36,15 @@ def ie_register_quantization_methods() -> list[Spec]:
         Spec("gptq", "inference_engine_quant.gptq:GptqMethod",
              "GPTQ checkpoints (4/8-bit, g_idx/desc_act, sym/asym): int weight-only GEMM"),
     ]
+
+
+@hookimpl
+def ie_kernel_tuning_config(op_name: str, platform: Any, shape: dict[str, int]) -> dict | None:
+    """Launch configs of the quantized kernels from measured per-arch tables (none shipped
+    yet); None where no table covers the (arch, op), so the kernel's default applies."""
+    arch_name = getattr(platform, "arch_name", None)
+    if not callable(arch_name):
+        return None
+    from inference_engine_quant.tuning_tables import tuned_config
+
+    return tuned_config(op_name, arch_name(), shape)

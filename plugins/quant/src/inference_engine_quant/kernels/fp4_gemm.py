@@ -208,7 +208,8 @@ def _launch_config(m: int, n: int, k: int) -> dict[str, Any]:
         from inference_engine.kernel_tuning import tuning_config
     except ImportError:  # pragma: no cover - older core without the tuning helper
         return default
-    return tuning_config("fp4_gemm", {"M": m, "N": n, "K": k}, default)
+    bucket = 1 << max(0, (max(m, 1) - 1).bit_length())  # tables hold M buckets, not every M
+    return tuning_config("fp4_gemm", {"M": bucket, "N": n, "K": k}, default)
 
 
 def fp4_linear_triton(
