@@ -47,9 +47,10 @@ def whisper_tokenizer(vocab_size: int = 320) -> Any:
 
 
 def make_tiny_whisper(path: str | Path, seed: int = 0, num_mel_bins: int = 80,
-                      **overrides: Any) -> Path:
+                      chunk_length: int = 30, **overrides: Any) -> Path:
     """Save a random ``WhisperForConditionalGeneration`` with its tokenizer and
-    ``preprocessor_config.json`` under ``path``; returns the path.
+    ``preprocessor_config.json`` under ``path``; returns the path. ``chunk_length``: seconds
+    per window (30 as released; shorter windows make the encoder cheaper in tests).
 
     The decoder head is untied (random tied embeddings make greedy decoding repeat one
     token) and weights are widened so greedy choices are decisive.
@@ -67,7 +68,7 @@ def make_tiny_whisper(path: str | Path, seed: int = 0, num_mel_bins: int = 80,
         vocab_size=len(tokenizer), num_mel_bins=num_mel_bins, d_model=64,
         encoder_layers=2, encoder_attention_heads=4, decoder_layers=2,
         decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
-        max_source_positions=1500, max_target_positions=128, tie_word_embeddings=False,
+        max_source_positions=chunk_length * 50, max_target_positions=128, tie_word_embeddings=False,
         bos_token_id=ids("<|endoftext|>"), eos_token_id=ids("<|endoftext|>"),
         pad_token_id=ids("<|endoftext|>"), decoder_start_token_id=ids("<|startoftranscript|>"),
         suppress_tokens=[], begin_suppress_tokens=[],
@@ -92,7 +93,8 @@ def make_tiny_whisper(path: str | Path, seed: int = 0, num_mel_bins: int = 80,
     model.generation_config.begin_suppress_tokens = None
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
-    WhisperFeatureExtractor(feature_size=num_mel_bins).save_pretrained(path)
+    WhisperFeatureExtractor(feature_size=num_mel_bins,
+                            chunk_length=chunk_length).save_pretrained(path)
     return path
 
 
