@@ -220,3 +220,61 @@ def test_metrics_expose_speculative_counters(ngram):
     assert 'spec_decode_num_accepted_tokens_per_pos_total{model_name="demo",position="3"}' in text
     assert "vllm:spec_decode_num_drafts_total" in text
     assert "inference_engine:spec_decode_mean_acceptance_length" in text
+
+
+@pytest.fixture(scope="module")
+def eagle3_dir(tmp_path_factory):
+    from inference_engine.speculative.testing import make_eagle3_drafter
+
+    return make_eagle3_drafter(tmp_path_factory.mktemp("eagle3"), DEMO, draft_vocab_size=512)
+
+
+def test_eagle3_lossless_and_drafts_match_a_full_sequence_reference(plain, plain_greedy,
+                                                                      eagle3_dir):
+    """Greedy and seeded outputs equal plain decoding; and every first draft equals the
+    drafter run over the whole sequence at once on transformers' hidden states of the
+    target (no cache, no bookkeeping): the per-position features and the paged K/V are
+    right, whatever the acceptance of a random drafter."""
+    import torch
+    import transformers
+
+    from inference_engine.speculative.eagle3 import Eagle3Proposer
+    from inference_engine.speculative.paged_drafter_cache import PagedDrafterCache
+
+    llm = cpu_llm(DEMO, dtype="float32", kv_cache_memory=SMALL_KV, block_size=4,
+                  max_num_batched_tokens=16,
+                  speculative_config={"method": "eagle3", "model": str(eagle3_dir),
+                                      "num_speculative_tokens": 3})
+    proposer = llm.engine.spec.proposer
+    seen: list[tuple[list[int], int]] = []
+    original = Eagle3Proposer.propose
+
+    def recording(self, requests):
+        proposal = original(self, requests)
+        for r, drafts in zip(requests, proposal.token_ids, strict=True):
+            if drafts:
+                seen.append((list(r.token_ids), drafts[0]))
+        return proposal
+
+    proposer.propose = recording.__get__(proposer)
+    assert _ids(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == plain_greedy
+    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=12, ignore_eos=True)
+              for s in range(2)]
+    assert (_ids(llm.generate(PROMPTS[:2], params, use_tqdm=False))
+            == _ids(plain.generate(PROMPTS[:2], params, use_tqdm=False)))
+    assert llm.engine.stats()["spec_decode_num_draft_tokens"] > 0
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(DEMO, dtype=torch.float32).eval()
+    drafter = proposer.drafter
+    ids = proposer.tap.layer_ids
+    for tokens, first_draft in seen[:: max(1, len(seen) // 12)]:
+        with torch.no_grad():
+            states = hf(torch.tensor([tokens]), output_hidden_states=True).hidden_states
+            aux = torch.cat([states[i][0] for i in ids], dim=-1)[:-1]  # positions 0..L-2
+            n = len(tokens) - 1
+            cache = PagedDrafterCache(drafter.num_kv_heads, drafter.head_dim, 4,
+                                      torch.float32, torch.device("cpu"))
+            cache.allocate(-(-n // 4) + 1)
+            logits, _ = drafter(torch.tensor(tokens[1:]), aux, torch.arange(n), cache,
+                                [list(range(-(-n // 4)))], [n])
+        assert int(proposer._to_target(logits[-1].argmax())) == first_draft

@@ -74,6 +74,8 @@ def ie_register_proposers() -> list[Spec]:
              "A small model of the same vocabulary, its own KV in a paged pool"),
         Spec("eagle3", "inference_engine.speculative.eagle3:Eagle3Proposer",
              "EAGLE-3: one layer over target hidden states of 3 layers (vLLM's Llama layout)"),
+        Spec("dflash", "inference_engine.speculative.dflash:DFlashProposer",
+             "DFlash: a block-diffusion drafter, a whole block of drafts in one forward"),
     ]
 
 

@@ -39,34 +39,46 @@ __all__ = ["Eagle3Drafter", "Eagle3Proposer", "HiddenStateTap"]
 
 
 class HiddenStateTap:
-    """Records the inputs (``hidden + residual``) of chosen decoder layers of the target on
-    every forward, so a drafter can read them per position after the step.
+    """Records hidden states of the target on every forward, so a drafter can read them per
+    position after the step: for ``i < L`` the input of decoder layer ``i``
+    (``hidden + residual``, vLLM's aux hidden states), for ``i == L`` the final normed
+    output (transformers' ``hidden_states[L]``). Index ``i`` is transformers'
+    ``output_hidden_states`` index.
 
     Raises:
-        ValueError: the target has no ``model.layers`` decoder stack, or a layer id is out
+        ValueError: the target has no ``model.layers`` decoder stack, or an index is out
             of range.
     """
 
     def __init__(self, target: Any, layer_ids: Sequence[int]) -> None:
-        layers = getattr(getattr(target, "model", None), "layers", None)
+        model = getattr(target, "model", None)
+        layers = getattr(model, "layers", None)
         if layers is None:
             raise ValueError(f"speculative methods that read target hidden states need a "
                              f"decoder-layer target; {type(target).__name__} has none")
         for i in layer_ids:
-            if not 0 <= i < len(layers):
+            if not 0 <= i <= len(layers):
                 raise ValueError(f"target layer id {i} is outside the target's {len(layers)} "
                                  f"layers")
         self.layer_ids = list(layer_ids)
         self.captured: dict[int, torch.Tensor] = {}
         self.target = target
-        for i in self.layer_ids:
-            layers[i].register_forward_pre_hook(self._hook(i))
+        for i in sorted(set(self.layer_ids)):
+            if i < len(layers):
+                layers[i].register_forward_pre_hook(self._pre_hook(i))
+            else:
+                model.norm.register_forward_hook(self._norm_hook(i))
 
-    def _hook(self, index: int) -> Any:
+    def _pre_hook(self, index: int) -> Any:
         def pre_hook(module: nn.Module, args: tuple[Any, ...]) -> None:
             hidden, residual = args[0], args[1]
             self.captured[index] = hidden if residual is None else hidden + residual
         return pre_hook
+
+    def _norm_hook(self, index: int) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            self.captured[index] = output[0] if isinstance(output, tuple) else output
+        return hook
 
     def disable_fused_decode(self) -> None:
         """The C++ CPU decode step runs every layer in one call, past the hooks: drop it

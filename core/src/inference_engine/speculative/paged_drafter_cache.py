@@ -57,6 +57,25 @@ class PagedDrafterCache:
         self.k = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v = torch.zeros(shape, dtype=self.dtype, device=self.device)
 
+    def write(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+              block_tables: Sequence[Sequence[int]], rows_per_seq: Sequence[int]) -> None:
+        """Store rows' K/V ``[T, kv_heads, head_dim]`` at their positions."""
+        if not len(positions):
+            return
+        tables = [torch.tensor(list(b), dtype=torch.int64, device=self.device)
+                  for b in block_tables]
+        owner = torch.repeat_interleave(torch.arange(len(tables), device=self.device),
+                                        torch.tensor(list(rows_per_seq), device=self.device))
+        index = torch.div(positions, self.block_size, rounding_mode="floor")
+        width = max(len(t) for t in tables)
+        padded = torch.zeros(len(tables), width, dtype=torch.int64, device=self.device)
+        for i, t in enumerate(tables):
+            padded[i, : len(t)] = t
+        slot_blocks = padded[owner, index]
+        slot_offsets = positions % self.block_size
+        self.k[slot_blocks, slot_offsets] = k.to(self.dtype)
+        self.v[slot_blocks, slot_offsets] = v.to(self.dtype)
+
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                positions: torch.Tensor, block_tables: Sequence[Sequence[int]],
                rows_per_seq: Sequence[int], causal: bool = True) -> torch.Tensor:
@@ -73,6 +92,7 @@ class PagedDrafterCache:
             ``[T, heads, head_dim]``.
         """
         bs = self.block_size
+        self.write(k, v, positions, block_tables, rows_per_seq)
         out = torch.empty_like(q)
         pos_host = positions.tolist()
         start = 0
@@ -81,9 +101,6 @@ class PagedDrafterCache:
             pos = pos_host[start : start + n]
             table = torch.tensor(list(blocks), dtype=torch.int64, device=self.device)
             p = positions[rows]
-            slot_blocks, slot_offsets = table[torch.div(p, bs, rounding_mode="floor")], p % bs
-            self.k[slot_blocks, slot_offsets] = k[rows].to(self.dtype)
-            self.v[slot_blocks, slot_offsets] = v[rows].to(self.dtype)
             length = max(pos) + 1
             num_blocks = -(-length // bs)
             # keys, values: [length, kv_heads, head_dim]
