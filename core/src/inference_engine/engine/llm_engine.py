@@ -731,57 +731,6 @@ class LLMEngine:
             self.spec.propose(drafting, [self.blocks.req_blocks[r.request_id] for r in drafting],
                               self.max_model_len)
 
-    def _run_speculative(self, out: SchedulerOutput, touched: dict[str, RequestGroup]) -> None:
-        """One synchronous speculative step: the forward verifies each sampling request's
-        drafts, the rejection sampler picks 1..k+1 tokens, rejected slots are rolled
-        back, and the proposer drafts for the next step."""
-        for s in out.scheduled:
-            request = s.request
-            if request.num_computed_tokens < request.num_prompt_tokens:
-                group = self._sequences[request.request_id].group
-                if (request.num_computed_tokens and request.num_preemptions == 0
-                        and not group.num_cached_tokens):
-                    group.num_cached_tokens = request.num_computed_tokens
-        batch = StepBatch.from_scheduler(out)
-        if self.lora is not None:
-            self.lora.prepare_step([s.request.lora for s in out.scheduled],
-                                   [s.num_new_tokens for s in out.scheduled])
-        logits = self.runner.execute_batch(batch)
-        for i, prompt_logits in logits.prompt_logits.items():
-            self._add_prompt_logprobs(out.scheduled[i], prompt_logits)
-        self.scheduler.update_after_step(out)
-        self.num_prompt_tokens_computed += sum(
-            s.num_new_tokens - s.num_spec_tokens for s in out.scheduled
-            if not s.samples or s.num_new_tokens - s.num_spec_tokens > 1)
-        sampled = [out.scheduled[i] for i in logits.sample_rows]
-        if not sampled:
-            return
-        verdict = self.spec.verify(logits.sample_logits, [s.request for s in sampled],
-                                   [s.num_spec_tokens for s in sampled])
-        drafting = []
-        for row, s in enumerate(sampled):
-            request = s.request
-            state = self._sequences[request.request_id]
-            num_appended = 0
-            for j, token in enumerate(verdict.token_ids[row]):
-                if request.is_finished:
-                    break
-                request.append_token(token)
-                num_appended += 1
-                if state.logprobs is not None and verdict.logprobs[row] is not None:
-                    state.logprobs.append(verdict.logprobs[row][j])
-                self.num_generated_tokens += 1
-                self._check_stop(state, token)
-            touched[state.group.request_id] = state.group
-            if s.num_spec_tokens:
-                # Accepted drafts: the tokens appended before the last one.
-                self.scheduler.rollback_rejected(s, max(0, num_appended - 1))
-            if not request.is_finished:
-                drafting.append(request)
-        if drafting:
-            self.spec.propose(drafting, [self.blocks.req_blocks[r.request_id] for r in drafting],
-                              self.max_model_len)
-
     def _process(self, step: _StepInFlight, touched: dict[str, RequestGroup]) -> None:
         """Read a launched step's sampled ids back and apply them (stops, outputs)."""
         if not step.sampling:
