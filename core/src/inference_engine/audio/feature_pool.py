@@ -47,6 +47,8 @@ class FeaturePool:
             self.num_workers, thread_name_prefix="audio-features")
         self._queue: list[_Pending] = []
         self._running = False
+        # The draining task (held: the loop keeps only a weak reference to tasks).
+        self._drain_task: asyncio.Task[None] | None = None
         # Clips computed, and batches run (how much batching happened).
         self.num_clips = 0
         self.num_batches = 0
@@ -58,7 +60,7 @@ class FeaturePool:
         self._queue.append(_Pending(list(clips), future))
         if not self._running:
             self._running = True
-            loop.create_task(self._drain())
+            self._drain_task = loop.create_task(self._drain())
         return await future
 
     async def _drain(self) -> None:
