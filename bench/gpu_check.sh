@@ -19,6 +19,12 @@
 #   2b. bench/gpu_profile_decode.py: where a batch-1 decode token's time goes (kernels vs wall)
 #   3. the Triton kernel tests (on the GPU where they have a CUDA variant)
 #   4. the suite's engine/model/sampling tests with CUDA present (device honesty)
+#   5. bench/gpu_quant.py: quantized GEMMs vs torch bf16 matmul, fused MoE bf16/FP8/MXFP4,
+#      end-to-end decode in bf16/fp8-block/ptpc/mxfp4 (quantized-kernel issue 21)
+#   6. bench/tune_gpu_kernels.py: launch-config sweep of the quantized kernels; tables under
+#      $OUT/tuning_tables/<arch>/ (review, then copy into the quant plugin's tuning_tables/)
+# All steps at their limits take longer than one 10-minute device command: run the last two
+# in a call of their own when needed (STEPS="quant tune" bash bench/gpu_check.sh).
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
@@ -29,7 +35,9 @@ PARITY_TIMEOUT=${PARITY_TIMEOUT:-100}
 KERNEL_TIMEOUT=${KERNEL_TIMEOUT:-60}
 SUITE_TIMEOUT=${SUITE_TIMEOUT:-110}
 PROFILE_TIMEOUT=${PROFILE_TIMEOUT:-120}
-STEPS=${STEPS:-bench parity profile kernels suite}
+QUANT_TIMEOUT=${QUANT_TIMEOUT:-200}
+TUNE_TIMEOUT=${TUNE_TIMEOUT:-170}
+STEPS=${STEPS:-bench parity profile kernels suite quant tune}
 # Measured 2026-12-04 on the H200: bench 49 s, parity 37 s; the suite's xdist start-up alone
 # took over 50 s there, so give it its 110 s.
 
@@ -59,11 +67,15 @@ for step in $STEPS; do
     # On the device only the CUDA cases (marked gpu); their interpreter twins run in CI.
     kernels) run_step kernels "$KERNEL_TIMEOUT" $PY -m pytest -q -p no:cacheprovider -m gpu \
                core/tests/test_triton_attention.py core/tests/test_triton_fused.py \
-               core/tests/test_no_host_sync.py ;;
+               core/tests/test_no_host_sync.py plugins/quant/tests/test_quant_kernels_gpu.py ;;
     suite) run_step suite "$SUITE_TIMEOUT" $PY -m pytest -q -p no:cacheprovider -n 8 \
              --timeout 100 --maxfail 30 \
              tests/test_engine_parity.py tests/test_engine_api.py plugins/models/tests \
              core/tests/test_attention_backends.py core/tests/test_sampling.py ;;
+    quant) run_step quant "$QUANT_TIMEOUT" $PY bench/gpu_quant.py --out "$OUT/gpu_quant.json" ;;
+    # The sweep stops itself 20 s before its limit and writes what it measured.
+    tune) run_step tune "$TUNE_TIMEOUT" $PY bench/tune_gpu_kernels.py \
+            --out-dir "$OUT/tuning_tables" --budget-s $((TUNE_TIMEOUT - 20)) ;;
   esac
 done
 
@@ -95,7 +107,24 @@ if prof.exists():
 parity = out / "gpu_parity.json"
 if parity.exists():
     print("parity:", parity.read_text()[-600:])
-for name in ("kernels", "suite"):
+quant = out / "gpu_quant.json"
+if quant.exists():
+    q = json.loads(quant.read_text())
+    for m, row in (q.get("gemm") or {}).items():
+        if m.startswith("M="):
+            print(f"gemm {m}: " + ", ".join(
+                f"{k} {v.get('ms')}ms x{v.get('speed_vs_bf16')} {v.get('weight_GB_s')}GB/s"
+                for k, v in row.items() if isinstance(v, dict)))
+    for t, row in (q.get("moe") or {}).items():
+        if t.startswith("T="):
+            print(f"moe {t}: " + ", ".join(f"{k} {v.get('ms')}ms {v.get('weight_GB_s')}GB/s"
+                                           for k, v in row.items() if isinstance(v, dict)))
+    for model, rows in (q.get("e2e") or {}).items():
+        if isinstance(rows, dict):
+            print(f"e2e {model}: " + ", ".join(
+                f"{k} {v.get('batch1_decode_tok_s', v.get('error'))}" for k, v in rows.items()
+                if isinstance(v, dict)))
+for name in ("kernels", "suite", "tune"):
     log = out / f"{name}.log"
     if log.exists():
         lines = [l for l in log.read_text().splitlines() if l.strip()]
