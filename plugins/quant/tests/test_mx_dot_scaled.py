@@ -1,10 +1,11 @@
-"""The native MXFP4 path (``tl.dot_scaled``, MXFP8 activations) vs dequantize-then-matmul.
+"""The native MX paths (``tl.dot_scaled``, MXFP8 activations; MXFP4 and MXFP8 weights) vs
+dequantize-then-matmul.
 
 Runs in a ``TRITON_INTERPRET=1`` child (the interpreter emulates ``dot_scaled`` in
 float32); the reference dequantizes the MXFP8-quantized activations and the MXFP4
 weights with the codecs of ``mx_block`` and multiplies in float32. The 16-bit-activation
-form is not checked here (the interpreter's bf16 is unreliable). Also: the MXFP4 linear
-format picks this kernel only where the platform lists it.
+form is not checked here (the interpreter's bf16 is unreliable). Also: the MXFP4 and MXFP8
+linear formats pick this kernel only where the platform lists it.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class _Blackwell(CpuPlatform):
 def test_kernel_cases_under_the_interpreter():
     pytest.importorskip("triton")
     stdout = run_under_triton_interpreter(__file__)
-    assert "3 passed" in stdout, stdout[-2000:]
+    assert "4 passed" in stdout, stdout[-2000:]
 
 
 def _reference(x, packed, scales, k, bias):
@@ -78,3 +79,23 @@ def test_mxfp4_format_chooses_dot_scaled_where_listed():
     packed, scales = layer.weight_blocks.flatten(-2), layer.weight_scales
     torch.testing.assert_close(fmt.apply(layer, x, None), _reference(x, packed, scales, 64, None),
                                atol=1e-4, rtol=1e-5)
+
+
+@interp
+def test_mxfp8_weights_through_dot_scaled_where_listed():
+    """MXFP8 weights held (K, N) as the engine keeps them, given as their [N, K] view."""
+    from inference_engine_quant.mxfp8 import Mxfp8Format
+
+    torch.manual_seed(6)
+    n, k = 40, 96
+    layer = torch.nn.Module()
+    layer.weight = torch.nn.Parameter(torch.randn(n, k), requires_grad=False)
+    layer.mx_input_size, layer.mx_params_dtype = k, torch.float32
+    fmt = Mxfp8Format(True, False, "floor", _Blackwell())
+    fmt.process_weights_after_loading(layer)
+    assert layer.mx_kernel == "dot_scaled"
+    x, bias = torch.randn(5, k), torch.randn(n)
+    xq, xs = quantize_mxfp8(x)
+    dense = dequantize_mx(layer.weight.t(), layer.weight_scale.t())[:, :k]
+    ref = dequantize_mx(xq, xs)[:, :k] @ dense.T + bias
+    torch.testing.assert_close(fmt.apply(layer, x, bias), ref, atol=1e-4, rtol=1e-5)

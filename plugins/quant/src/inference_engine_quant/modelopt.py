@@ -118,7 +118,7 @@ class ModelOptMethod(PerLayerFormatMethod):
         self._formats: dict[str, LinearFormat] = {
             "NVFP4": Nvfp4Format(False, self.dequantize_at_load, platform),
             "FP8": ModelOptFp8Format(**options),
-            "MXFP8": Mxfp8Format(False, self.dequantize_at_load),
+            "MXFP8": Mxfp8Format(False, self.dequantize_at_load, platform=platform),
         }
         self._dense = DenseFormat()
 

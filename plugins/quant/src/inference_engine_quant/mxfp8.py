@@ -7,10 +7,15 @@ rule (``floor(log2(amax)) - 8``). Inside the engine the FP8 values are held in
 the (K, N) layout like every FP8 weight (scales ``[K/32, N]``), transposed once
 at load. The matmul dequantizes K slices of whole scale blocks and multiplies
 in the activation dtype; activations are not quantized (weight-only), which
-is also how GPUs without MX tensor cores run it.
+is also how GPUs without MX tensor cores run it. Where the platform lists
+Triton's ``dot_scaled`` MX GEMM (``native_mxfp4``: sm100+, gfx950) the layer
+runs :func:`~inference_engine_quant.kernels.mx_dot_scaled_gemm.mx_dot_scaled_linear`
+instead (activations quantized to MXFP8 per call, both operands microscaled).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +32,7 @@ from inference_engine_quant.mx_linear import (
     DenseFormat,
     LinearFormat,
     add_row_param,
+    native_mxfp4,
     replace_params,
     set_dense_weight,
 )
@@ -76,10 +82,11 @@ class Mxfp8Format(LinearFormat):
     name = "mxfp8"
 
     def __init__(self, online: bool, dequantize_at_load: bool = False,
-                 rule: ScaleRule = "floor") -> None:
+                 rule: ScaleRule = "floor", platform: Any = None) -> None:
         self.online = online
         self.dequantize_at_load = dequantize_at_load
         self.rule = rule
+        self.platform = platform
         self._dense = DenseFormat()
 
     def create_weights(self, layer: nn.Module, prefix: str, input_size: int,
@@ -109,10 +116,15 @@ class Mxfp8Format(LinearFormat):
             return
         replace_params(layer, remove, weight=values.t().contiguous(),
                        weight_scale=scales.t().contiguous())
-        layer.mx_kernel = "reference"
+        layer.mx_kernel = "dot_scaled" if native_mxfp4(self.platform) else "reference"
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if layer.mx_kernel == "dense":
             return F.linear(x, layer.weight, bias)
+        if layer.mx_kernel == "dot_scaled":
+            from inference_engine_quant.kernels.mx_dot_scaled_gemm import mx_dot_scaled_linear
+
+            return mx_dot_scaled_linear(x, layer.weight.t(), layer.weight_scale.t(),
+                                        layer.mx_input_size, "e4m3", bias)
         return mxfp8_linear_reference(x, layer.weight, layer.weight_scale, layer.mx_input_size,
                                       bias)

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from inference_engine_quant.fp8 import current_platform_or_none
 from inference_engine_quant.modelopt import modelopt_delegate
 from inference_engine_quant.mx_linear import (
     DenseFormat,
     LinearFormat,
     PerLayerFormatMethod,
     is_online_target,
+    native_mxfp4,
 )
 from inference_engine_quant.mxfp8 import Mxfp8Format
 
@@ -36,11 +38,14 @@ class Mxfp8Method(PerLayerFormatMethod):
         super().__init__(checkpoint_config, **options)
         self._delegate = modelopt_delegate(self, "MXFP8")
         rule = self.scale_rule()
-        self._mxfp8 = Mxfp8Format(True, self.dequantize_at_load, rule)
+        self._mxfp8 = Mxfp8Format(True, self.dequantize_at_load, rule,
+                                  current_platform_or_none(self.options))
         self._dense = DenseFormat()
 
     @classmethod
     def kernel_for(cls, platform: Any) -> str:
+        if native_mxfp4(platform):
+            return "triton MXFP8 tl.dot_scaled GEMM (MXFP8 activations, native block-scaled)"
         return "torch MXFP8 dequantize + matmul (reference, weight-only)"
 
     def format_for(self, prefix: str, output_sizes: list[int]) -> LinearFormat:
