@@ -87,7 +87,7 @@ if HAS_TRITON:
             if FORMAT == 0:
                 # FP8: exact conversion to the activation dtype, block scale after the dot.
                 w = tl.load(w_base + k_idx[:, None] * stride_wk, mask=wk_mask, other=0.0)
-                w = w.to(tl.float32).to(a.dtype)
+                w = w.to(a.dtype)
                 if IEEE:
                     part = tl.dot(a, w, input_precision="ieee")
                 else:
