@@ -121,3 +121,23 @@ def test_online_fp8_quantizes_experts_per_row(dirs):
     q, s = quantize_weight_per_channel(w)
     torch.testing.assert_close(experts.down_proj[2].float(), q.float())
     torch.testing.assert_close(experts.down_proj_scale[2], s)
+
+
+@pytest.mark.parametrize("layout", ["NK", "KN"])
+def test_quantize_cli_fp8_block_checkpoint_loads_experts_in_fp8(dirs, tmp_path, layout):
+    """``inference-engine quantize --method fp8-block`` (either layout) writes per-expert FP8
+    tensors with ``weight_scale_inv`` and leaves the router dense (named in the config's
+    ignored layers); the experts load into FP8 equal to the block formula's."""
+    from inference_engine_quant.quantize_cli import quantize_checkpoint
+
+    out = tmp_path / "fp8_block"
+    quantize_checkpoint(dirs["src"], out, "fp8-block", layout=layout, show_progress=False)
+    loaded = load_for_test(str(out))
+    experts = loaded.model.model.layers[0].mlp.experts
+    assert isinstance(experts.quant_method, Fp8FusedMoEMethod)
+    state = load_file(str(dirs["src"] / "model.safetensors"))
+    w = state["model.layers.0.mlp.experts.3.up_proj.weight"]  # [I, H], one 128x128 block
+    q, s = quantize_weight_blockwise(w)
+    torch.testing.assert_close(experts.gate_up_proj[3, I:].float(), q.float())
+    torch.testing.assert_close(experts.gate_up_proj_scale[3, I:], s.expand(I, 1))
+    assert torch.isfinite(prefill_logits(loaded, TOKENS)).all()

@@ -150,7 +150,7 @@ class Fp8Method(QuantMethod):
         """FP8 experts (per expert block or per-tensor scales; online: per row), kept in FP8.
 
         Raises:
-            ValueError: static activation scales or a KN layout on MoE experts.
+            ValueError: static activation scales on MoE experts.
         """
         from inference_engine_quant.fp8_moe import Fp8FusedMoEMethod
 
@@ -159,10 +159,8 @@ class Fp8Method(QuantMethod):
         if not self.online and self.activation_scheme == "static":
             raise ValueError(f"{prefix}: FP8 experts with static activation scales are not "
                              f"implemented (the expert GEMM is weight-only)")
-        if not self.online and self.layout != "NK":
-            raise ValueError(f"{prefix}: FP8 experts in the KN weight layout are not implemented")
         return Fp8FusedMoEMethod(self.block_nk, self.online, self.block_scale_name,
-                                 self.dequantize_at_load)
+                                 self.dequantize_at_load, self.layout)
 
     # ------------------------------------------------------------------ create
 

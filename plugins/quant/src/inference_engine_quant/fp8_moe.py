@@ -1,6 +1,8 @@
 """FP8 experts of a fused-MoE layer: DeepSeek-style 128x128 blocks, per-tensor, or online.
 
-Checkpoints store one tensor per expert and projection
+Checkpoints store one tensor per expert and projection (``[out, in]``, or
+``[in, out]`` with ``weight_layout: "KN"`` as ``inference-engine quantize`` writes
+by default, scales transposed alike)
 (``mlp.experts.{e}.gate_proj.weight`` F8_E4M3 ``[I, H]`` with
 ``weight_scale_inv`` ``[ceil(I/128), ceil(H/128)]`` for block checkpoints, or a
 scalar ``weight_scale`` per tensor); they load into ``gate_up_proj [E, 2I, H]``
@@ -43,7 +45,10 @@ _WHOLE_K = 1 << 30
 
 
 def _load_fp8_part(intermediate: int, param: torch.Tensor, loaded: torch.Tensor,
-                   shard_id: tuple[int, str] | None = None, *, name: str) -> None:
+                   shard_id: tuple[int, str] | None = None, *, name: str,
+                   transposed: bool = False) -> None:
+    if transposed and shard_id is not None:  # a KN checkpoint: each tensor is [in, out]
+        loaded = loaded.t()
     if loaded.dtype == torch.uint8:
         loaded = loaded.view(torch.float8_e4m3fn)
     if loaded.dtype != torch.float8_e4m3fn:
@@ -53,9 +58,11 @@ def _load_fp8_part(intermediate: int, param: torch.Tensor, loaded: torch.Tensor,
 
 
 def _load_scale(param: torch.Tensor, loaded: torch.Tensor, shard_id: tuple[int, str],
-                *, name: str) -> None:
+                *, name: str, transposed: bool = False) -> None:
     """One expert part's scale (a block grid or a scalar) into its slot."""
     expert, part = shard_id
+    if transposed and loaded.dim() == 2:
+        loaded = loaded.t()
     target = param.data[expert]
     if part in ("gate", "up") and target.dim() > 0 and param.dim() > 1:
         target = target[0 if part == "gate" else 1]
@@ -75,7 +82,11 @@ class Fp8FusedMoEMethod(FusedMoEMethod):
     format_name = "fp8"
 
     def __init__(self, block_nk: tuple[int, int] | None, online: bool,
-                 scale_name: str = "weight_scale_inv", dequantize_at_load: bool = False) -> None:
+                 scale_name: str = "weight_scale_inv", dequantize_at_load: bool = False,
+                 layout: str = "NK") -> None:
+        if layout not in ("NK", "KN"):
+            raise ValueError(f"FP8 expert weight layout must be NK or KN, got {layout!r}")
+        self.transposed = layout == "KN"
         self.block_nk = block_nk
         self.online = online
         self.scale_name = scale_name if block_nk is not None else "weight_scale"
@@ -98,7 +109,7 @@ class Fp8FusedMoEMethod(FusedMoEMethod):
             param = nn.Parameter(torch.empty(shape, dtype=torch.float8_e4m3fn),
                                  requires_grad=False)
             param.weight_loader = partial(_load_fp8_part, inter,  # type: ignore[attr-defined]
-                                          name=f"{prefix}.{name}")
+                                          name=f"{prefix}.{name}", transposed=self.transposed)
             layer.register_parameter(name, param)
         if self.block_nk is None:
             shapes = {"gate_up_proj_scale": (num_experts, 2), "down_proj_scale": (num_experts,)}
@@ -109,7 +120,7 @@ class Fp8FusedMoEMethod(FusedMoEMethod):
         for name, shape in shapes.items():
             param = nn.Parameter(torch.full(shape, float("nan")), requires_grad=False)
             param.weight_loader = partial(_load_scale,  # type: ignore[attr-defined]
-                                          name=f"{prefix}.{name}")
+                                          name=f"{prefix}.{name}", transposed=self.transposed)
             layer.register_parameter(name, param)
 
     def checkpoint_layouts(self, layer: nn.Module, leaf: str) -> list[dict[str, object]] | None:

@@ -117,13 +117,19 @@ def _fp8_block(module: str, w: torch.Tensor, layout: str) -> dict[str, torch.Ten
     return {"weight": _orient(q, layout), "weight_scale_inv": _orient(s, layout)}
 
 
+# MoE routers are linear layers the exporters leave dense (not ``*_proj``): say so.
+_FP8_IGNORED = ["re:.*\\.mlp\\.(gate|router)$"]
+
+
 def _fp8_config(layout: str) -> dict[str, Any]:
-    return {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_layout": layout}
+    return {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_layout": layout,
+            "ignored_layers": list(_FP8_IGNORED)}
 
 
 def _fp8_block_config(layout: str) -> dict[str, Any]:
     return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-            "weight_block_size": [128, 128], "weight_layout": layout}
+            "weight_block_size": [128, 128], "weight_layout": layout,
+            "ignored_layers": list(_FP8_IGNORED)}
 
 
 register_exporter(QuantExporter(
