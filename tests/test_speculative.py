@@ -101,10 +101,18 @@ def test_stop_strings_n2_and_logprobs_match_plain(plain, ngram):
                     assert abs(wl[token].logprob - gl[token].logprob) < 1e-4
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft_model"])
-def test_lossless_with_chunked_prefill_and_preemption(method, plain_greedy, drafter_dir):
+@pytest.mark.parametrize("method", ["ngram", "draft_model", "eagle3", "dflash"])
+def test_lossless_with_chunked_prefill_and_preemption(method, plain_greedy, drafter_dir,
+                                                      tmp_path):
+    from inference_engine.speculative.testing import make_dflash_drafter, make_eagle3_drafter
+
+    model = {"draft_model": lambda: drafter_dir,
+             "eagle3": lambda: make_eagle3_drafter(tmp_path / "e", DEMO),
+             "dflash": lambda: make_dflash_drafter(tmp_path / "d", DEMO, block_size=4,
+                                                   target_layer_ids=(1, 3)),
+             "ngram": lambda: None}[method]()
     config = dict(NGRAM) if method == "ngram" else {
-        "method": "draft_model", "model": str(drafter_dir), "num_speculative_tokens": 3}
+        "method": method, "model": str(model), "num_speculative_tokens": 3}
     # 16-token steps chunk every prompt; 28 blocks of 4 tokens cannot hold 4 sequences of
     # ~50 tokens (plus lookahead), so requests are preempted and recomputed.
     llm = cpu_llm(DEMO, dtype="float32", block_size=4, max_num_batched_tokens=16,
@@ -258,6 +266,7 @@ def test_eagle3_lossless_and_drafts_match_a_full_sequence_reference(plain, plain
 
     proposer.propose = recording.__get__(proposer)
     assert _ids(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == plain_greedy
+    assert seen
     params = [SamplingParams(temperature=1.0, seed=s, max_tokens=12, ignore_eos=True)
               for s in range(2)]
     assert (_ids(llm.generate(PROMPTS[:2], params, use_tqdm=False))
@@ -278,3 +287,77 @@ def test_eagle3_lossless_and_drafts_match_a_full_sequence_reference(plain, plain
             logits, _ = drafter(torch.tensor(tokens[1:]), aux, torch.arange(n), cache,
                                 [list(range(-(-n // 4)))], [n])
         assert int(proposer._to_target(logits[-1].argmax())) == first_draft
+
+
+def test_dflash_lossless_and_blocks_match_a_cacheless_reference(plain, plain_greedy, tmp_path):
+    """Greedy and seeded outputs equal plain decoding; every drafted block equals z-lab's
+    formula computed without a cache: context K/V from hidden_norm(fc(target layer
+    outputs)) of transformers' hidden states, the block attending to the context and,
+    non-causally, to itself."""
+    import torch
+    import transformers
+
+    from inference_engine.speculative.dflash import DFlashProposer
+    from inference_engine.speculative.paged_drafter_cache import rms_norm, rope
+    from inference_engine.speculative.testing import make_dflash_drafter
+
+    drafter_dir = make_dflash_drafter(tmp_path / "dflash", DEMO, block_size=4,
+                                      target_layer_ids=(0, 3), num_layers=2)
+    llm = cpu_llm(DEMO, dtype="float32", kv_cache_memory=SMALL_KV, block_size=4,
+                  max_num_batched_tokens=16,
+                  speculative_config={"method": "dflash", "model": str(drafter_dir),
+                                      "num_speculative_tokens": 3})
+    proposer = llm.engine.spec.proposer
+    assert llm.engine.scheduler.num_lookahead_slots == 4
+    seen: list[tuple[list[int], list[int]]] = []
+    original = DFlashProposer.propose
+
+    def recording(self, requests):
+        proposal = original(self, requests)
+        for r, drafts in zip(requests, proposal.token_ids, strict=True):
+            if len(drafts) == 3:
+                seen.append((list(r.token_ids), drafts))
+        return proposal
+
+    proposer.propose = recording.__get__(proposer)
+    assert _ids(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == plain_greedy
+    assert seen
+    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=12, ignore_eos=True)
+              for s in range(2)]
+    assert (_ids(llm.generate(PROMPTS[:2], params, use_tqdm=False))
+            == _ids(plain.generate(PROMPTS[:2], params, use_tqdm=False)))
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(DEMO, dtype=torch.float32).eval()
+    d = proposer.drafter
+    theta, eps = d.rope_theta, d.eps
+    for tokens, drafts in seen[:: max(1, len(seen) // 10)]:
+        n = len(tokens) - 1  # context positions 0..n-1; the block starts at n
+        with torch.no_grad():
+            states = hf(torch.tensor([tokens]), output_hidden_states=True).hidden_states
+            ctx = torch.cat([states[1][0], states[4][0]], dim=-1)[:n]
+            ctx = rms_norm(d.fc(ctx), d.hidden_norm, eps)
+            block = torch.tensor([tokens[-1]] + [proposer.mask_token_id] * 3)
+            hidden = hf.model.embed_tokens(block)
+            ctx_pos, block_pos = torch.arange(n), torch.arange(n, n + 4)
+            for layer in d.layers:
+                x = rms_norm(hidden, layer.input_layernorm, eps)
+
+                def kv(src, pos, layer=layer):
+                    k = layer.k_proj(src).view(len(src), d.num_kv_heads, d.head_dim)
+                    k = rope(rms_norm(k, layer.k_norm, eps), pos, theta)
+                    return k, layer.v_proj(src).view(len(src), d.num_kv_heads, d.head_dim)
+
+                kc, vc = kv(ctx, ctx_pos)
+                kb, vb = kv(x, block_pos)
+                q = layer.q_proj(x).view(4, d.num_heads, d.head_dim)
+                q = rope(rms_norm(q, layer.q_norm, eps), block_pos, theta)
+                group = d.num_heads // d.num_kv_heads
+                k = torch.cat([kc, kb]).repeat_interleave(group, 1).transpose(0, 1)
+                v = torch.cat([vc, vb]).repeat_interleave(group, 1).transpose(0, 1)
+                attn = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1), k, v)
+                hidden = hidden + layer.o_proj(attn.transpose(0, 1).reshape(4, -1))
+                x = rms_norm(hidden, layer.post_attention_layernorm, eps)
+                hidden = hidden + layer.down_proj(
+                    torch.nn.functional.silu(layer.gate_proj(x)) * layer.up_proj(x))
+            logits = hf.lm_head(rms_norm(hidden, d.norm, eps))
+        assert logits[1:].argmax(-1).tolist() == drafts
