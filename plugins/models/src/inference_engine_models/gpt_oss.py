@@ -5,7 +5,8 @@ per head (handled by the attention backend) and ``config.layer_types``
 choosing sliding-window layers. The MoE router has a bias and takes the
 softmax of the top-k logits. Stacked expert tensors are stored as
 ``[E, in, out]`` with gate and up columns interleaved; they are transposed
-and de-interleaved into our ``[E, out, in]`` gate-then-up layout on load.
+and de-interleaved into our ``[E, out, in]`` gate-then-up layout on load
+(MXFP4 checkpoints' packed ``gate_up_proj_blocks``/``_scales`` rows too, still packed).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ def from_gpt_oss_layout(name: str, tensor: torch.Tensor) -> torch.Tensor:
     if name == "gate_up_proj":  # [E, H, 2I] interleaved -> [E, 2I, H] gate rows then up rows
         t = tensor.transpose(1, 2)
         return torch.cat((t[:, 0::2], t[:, 1::2]), dim=1)
-    if name == "gate_up_proj_bias":  # [E, 2I] interleaved
+    if name in ("gate_up_proj_bias", "gate_up_proj_blocks", "gate_up_proj_scales"):
+        # [E, 2I] or MXFP4's packed rows [E, 2I, K/32, (16)]: rows interleaved, each row whole
         return torch.cat((tensor[:, 0::2], tensor[:, 1::2]), dim=1)
     if name == "down_proj":  # [E, I, H] -> [E, H, I]
         return tensor.transpose(1, 2)

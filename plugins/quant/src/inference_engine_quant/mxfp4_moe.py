@@ -1,12 +1,13 @@
-"""MXFP4 experts of a fused-MoE layer (gpt-oss ``*_blocks`` / ``*_scales``, or online).
+"""MXFP4 experts of a fused-MoE layer (``*_blocks`` / ``*_scales`` checkpoints, or online).
 
-gpt-oss stores each MoE layer's experts stacked (quant-formats.md section 8):
+Checkpoints stack each MoE layer's experts (quant-formats.md section 8):
 ``gate_up_proj_blocks`` U8 ``[E, 2I, H/32, 16]`` with ``gate_up_proj_scales``
-U8 ``[E, 2I, H/32]`` (rows interleaved gate, up, gate, up, ... as gpt-oss's
-``gate_up[..., ::2]`` / ``[..., 1::2]`` split expects), ``down_proj_blocks``
-``[E, H, I/32, 16]`` with ``down_proj_scales``, and bf16 biases. The rows
-are de-interleaved once at load into the engine's gate-then-up layout while
-still packed (rows are independent), so the weights stay packed in memory.
+U8 ``[E, 2I, H/32]``, ``down_proj_blocks`` ``[E, H, I/32, 16]`` with
+``down_proj_scales``, and (gpt-oss) bf16 biases. The engine's layout is gate
+rows then up rows (MiniMax-M3 writes it so); a model whose checkpoint
+interleaves them (gpt-oss: gate, up, gate, up, ...) de-interleaves the packed
+rows in its ``checkpoint_transform`` (rows are independent), so the weights
+stay packed in memory.
 Each forward runs :func:`~inference_engine_quant.quant_moe.fused_moe_quant`
 with the layer's build-time kernel: the Triton grouped GEMM decodes the packed
 tiles in registers; the torch path (CPU) dequantizes only the experts that
@@ -39,13 +40,8 @@ __all__ = ["Mxfp4FusedMoEMethod"]
 _HALF = MX_BLOCK_SIZE // 2
 
 
-def _deinterleave_rows(t: torch.Tensor) -> torch.Tensor:
-    """``[E, 2I, ...]`` rows gate0, up0, gate1, ... -> gate rows then up rows."""
-    return torch.cat((t[:, 0::2], t[:, 1::2]), dim=1).contiguous()
-
-
 class Mxfp4FusedMoEMethod(FusedMoEMethod):
-    """gpt-oss MXFP4 experts (or online-quantized ones), packed at rest."""
+    """MXFP4 experts (gpt-oss, MiniMax-M3 or online-quantized ones), packed at rest."""
 
     # Name under which weight-memory reports list these experts.
     format_name = "mxfp4"
@@ -89,9 +85,9 @@ class Mxfp4FusedMoEMethod(FusedMoEMethod):
                 tensors[f"{part}_proj_blocks"] = packed.unflatten(-1, (-1, _HALF))
                 tensors[f"{part}_proj_scales"] = scales
         else:
-            tensors = {
-                "gate_up_proj_blocks": _deinterleave_rows(layer.gate_up_proj_blocks.data),
-                "gate_up_proj_scales": _deinterleave_rows(layer.gate_up_proj_scales.data),
+            tensors = {  # already gate-then-up (the model's checkpoint_transform)
+                "gate_up_proj_blocks": layer.gate_up_proj_blocks.data,
+                "gate_up_proj_scales": layer.gate_up_proj_scales.data,
                 "down_proj_blocks": layer.down_proj_blocks.data,
                 "down_proj_scales": layer.down_proj_scales.data,
             }
