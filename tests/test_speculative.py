@@ -361,3 +361,23 @@ def test_dflash_lossless_and_blocks_match_a_cacheless_reference(plain, plain_gre
                     torch.nn.functional.silu(layer.gate_proj(x)) * layer.up_proj(x))
             logits = hf.lm_head(rms_norm(hidden, d.norm, eps))
         assert logits[1:].argmax(-1).tolist() == drafts
+
+
+def test_lora_requests_are_lossless_with_speculation(tmp_path):
+    """LoRA and speculation together: the verify forward applies each request's adapter to
+    all its 1 + k tokens (the n-gram drafter needs none); outputs equal LoRA without it."""
+    from inference_engine import LoRARequest
+    from inference_engine.lora.testing import make_peft_adapter
+
+    adapter = make_peft_adapter(DEMO, tmp_path / "lora", seed=1, r=4,
+                                target_modules=["q_proj", "v_proj", "down_proj"])
+    lora = LoRARequest("a", 1, str(adapter))
+    prompts = PROMPTS[:2]
+    kwargs = dict(dtype="float32", kv_cache_memory=SMALL_KV, block_size=4, enable_lora=True,
+                  max_lora_rank=8)
+    want = cpu_llm(DEMO, **kwargs).generate(prompts, GREEDY, use_tqdm=False,
+                                            lora_request=[lora, None])
+    llm = cpu_llm(DEMO, speculative_config=NGRAM, **kwargs)
+    got = llm.generate(prompts, GREEDY, use_tqdm=False, lora_request=[lora, None])
+    assert _ids(got) == _ids(want)
+    assert llm.engine.stats()["spec_decode_num_drafts"] > 0
