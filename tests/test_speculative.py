@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from inference_engine import SamplingParams
 from inference_engine.registry import UnknownNameError
 from inference_engine.testing import cpu_llm, make_tiny_model
@@ -245,7 +244,6 @@ def test_eagle3_lossless_and_drafts_match_a_full_sequence_reference(plain, plain
     right, whatever the acceptance of a random drafter."""
     import torch
     import transformers
-
     from inference_engine.speculative.eagle3 import Eagle3Proposer
     from inference_engine.speculative.paged_drafter_cache import PagedDrafterCache
 
@@ -296,7 +294,6 @@ def test_dflash_lossless_and_blocks_match_a_cacheless_reference(plain, plain_gre
     non-causally, to itself."""
     import torch
     import transformers
-
     from inference_engine.speculative.dflash import DFlashProposer
     from inference_engine.speculative.paged_drafter_cache import rms_norm, rope
     from inference_engine.speculative.testing import make_dflash_drafter

@@ -9,7 +9,6 @@ different distribution, or drafts drawn from a q the sampler is told).
 from __future__ import annotations
 
 import torch
-
 from inference_engine.sampling.batch import SamplingBatch
 from inference_engine.sampling.sampler import Sampler
 from inference_engine.sampling_params import SamplingParams

@@ -100,8 +100,9 @@ class Proposer(ABC):
         that keep running.
         """
 
-    def on_target_step(self, request_ids: Sequence[str], num_computed: Sequence[int],
-                       query_lens: Sequence[int]) -> None:  # noqa: B027 - optional
+    def on_target_step(  # noqa: B027 - optional
+            self, request_ids: Sequence[str], num_computed: Sequence[int],
+            query_lens: Sequence[int]) -> None:
         """After each target forward: which requests it ran, from which position, over how
         many tokens (in the forward's row order); drafters that read the target's hidden
         states take them here."""
