@@ -13,6 +13,8 @@ float32), greedy, ``ignore_eos``. Cases, each timed against plain decoding alter
 * ``draft_model (self)``: the demo model drafting for itself, an upper bound on
   acceptance (every greedy draft is the target's own pick) that shows what the drafter's
   forwards cost.
+* ``eagle3`` / ``dflash``: random drafters in the public checkpoint layouts (no trained one
+  exists for the demo model): what drafting costs, acceptance near zero by construction.
 
 Each row reports output tok/s with and without speculation, the speed-up, the acceptance
 length (1 + accepted drafts per verifying request-step) and per-position acceptance.
@@ -20,6 +22,7 @@ Timings on this shared 2-core machine swing with other jobs: run with
 ``OMP_WAIT_POLICY=PASSIVE`` and compare the columns of one run only.
 
 Run:  OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/speculative.py [--json]
+      (``--platform cuda`` on a GPU machine: the same rows, not measured here)
 """
 
 from __future__ import annotations
@@ -87,11 +90,13 @@ def timed(llm: Any, prompts: list[str], max_tokens: int) -> tuple[float, dict[st
 
 
 def compare(name: str, config: dict[str, Any], prompts: list[str], max_tokens: int,
-            reps: int) -> dict[str, Any]:
-    from inference_engine.testing import cpu_llm
+            reps: int, platform: str) -> dict[str, Any]:
+    from inference_engine import LLM
 
-    plain = cpu_llm(DEMO, dtype="float32", kv_cache_memory=1 << 26)
-    spec = cpu_llm(DEMO, dtype="float32", kv_cache_memory=1 << 26, speculative_config=config)
+    kwargs = dict(dtype="float32", kv_cache_memory=1 << 26, platform=platform,
+                  show_progress=False)
+    plain = LLM(str(DEMO), **kwargs)
+    spec = LLM(str(DEMO), speculative_config=config, **kwargs)
     outputs_equal = (
         [o.outputs[0].token_ids for o in plain.generate(prompts, _greedy(max_tokens),
                                                         use_tqdm=False)]
@@ -120,20 +125,35 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--platform", default="cpu", help="cpu, or cuda for a GPU run")
     args = parser.parse_args()
     import torch
 
     torch.set_flush_denormal(True)
     ngram = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
              "prompt_lookup_max": 4}
-    rows = [compare("ngram k=4", ngram, REPETITIVE[:1], args.max_tokens, args.reps),
-            compare("ngram k=4", ngram, REPETITIVE, args.max_tokens, args.reps)]
+    rows = [compare("ngram k=4", ngram, REPETITIVE[:1], args.max_tokens, args.reps,
+                    args.platform),
+            compare("ngram k=4", ngram, REPETITIVE, args.max_tokens, args.reps, args.platform)]
     with tempfile.TemporaryDirectory() as tmp:
         drafter = truncated_drafter(DEMO, Path(tmp) / "drafter-1layer", 1)
         for label, model in (("draft_model k=3 (demo, first layer)", drafter),
                              ("draft_model k=3 (demo drafting itself)", DEMO)):
             config = {"method": "draft_model", "model": str(model), "num_speculative_tokens": 3}
-            rows.append(compare(label, config, REPETITIVE[:1], args.max_tokens, args.reps))
+            rows.append(compare(label, config, REPETITIVE[:1], args.max_tokens, args.reps,
+                                args.platform))
+        # No trained EAGLE-3 / DFlash drafter exists for the demo model: random ones in the
+        # public layouts measure what drafting costs (acceptance ~0 is expected).
+        from inference_engine.speculative.testing import make_dflash_drafter, make_eagle3_drafter
+
+        eagle = make_eagle3_drafter(Path(tmp) / "eagle3", DEMO)
+        dflash = make_dflash_drafter(Path(tmp) / "dflash", DEMO, block_size=4,
+                                     target_layer_ids=(1, 3))
+        for label, method, model in (("eagle3 k=3 (random drafter, cost only)", "eagle3", eagle),
+                                     ("dflash b=4 (random drafter, cost only)", "dflash", dflash)):
+            config = {"method": method, "model": str(model), "num_speculative_tokens": 3}
+            rows.append(compare(label, config, REPETITIVE[:1], args.max_tokens, args.reps,
+                                args.platform))
     if args.json:
         print(json.dumps(rows, indent=1))
         return
