@@ -272,3 +272,9 @@ def test_speculative_decoding_is_refused_by_name(saved):
                                          "NemotronHForCausalLM keeps per-sequence state"):
         cpu_llm(path, dtype="float32",
                 speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+
+
+def test_a_budget_the_state_pool_fills_is_refused_naming_it(saved):
+    path = saved[0]
+    with pytest.raises(ValueError, match="per-sequence state pool of 64 slots took"):
+        cpu_llm(path, dtype="float32", max_num_seqs=64, kv_cache_memory=64 * 21000)

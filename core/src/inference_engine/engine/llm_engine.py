@@ -252,6 +252,10 @@ class LLMEngine:
             raise ValueError(
                 f"kv_cache_memory={memory} bytes holds {num_blocks} blocks of {bytes_per_block} "
                 f"bytes; at least 2 are needed"
+                + (f" (the per-sequence state pool of {self.config.scheduler.max_num_seqs} "
+                   f"slots took {self._state_cache_bytes} bytes of it first: raise "
+                   f"--kv-cache-memory or lower --max-num-seqs)"
+                   if self._state_cache_bytes else "")
             )
         return int(num_blocks)
 
