@@ -114,6 +114,10 @@ class LLMEngine:
             self._refuse_with_state()
         # Speculative decoding (None: off); a drafter's cache shares the pool's geometry.
         self.spec = self._make_spec_decoder()
+        if self.spec is not None and self.spec.proposer.reads_target_hidden_states:
+            # A graph replay runs no Python: the hooks recording the hidden states would
+            # not fire on one-token steps.
+            self.runner.enforce_eager = True
         drafter_specs = self.spec.proposer.kv_cache_specs() if self.spec is not None else []
         bytes_per_block = KVCachePool.bytes_per_block_for(
             self.runner.kv_cache_specs() + drafter_specs, block_size)

@@ -73,6 +73,10 @@ class Proposer(ABC):
         context: the target engine's facts.
     """
 
+    # Drafters fed with the target's hidden states (recorded by hooks on its layers): the
+    # engine then never replays decode graphs, which would skip the hooks.
+    reads_target_hidden_states: bool = False
+
     def __init__(self, spec: SpeculativeConfig, context: ProposerContext) -> None:
         self.spec = spec
         self.context = context

@@ -142,6 +142,8 @@ class DFlashProposer(Proposer):
             a mask token outside the vocabulary (all named).
     """
 
+    reads_target_hidden_states = True
+
     def __init__(self, spec: SpeculativeConfig, context: ProposerContext) -> None:
         super().__init__(spec, context)
         if not spec.model:

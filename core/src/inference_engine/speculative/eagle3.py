@@ -192,6 +192,8 @@ class Eagle3Proposer(Proposer):
             this target (named), or a target without decoder layers.
     """
 
+    reads_target_hidden_states = True
+
     def __init__(self, spec: SpeculativeConfig, context: ProposerContext) -> None:
         super().__init__(spec, context)
         if not spec.model:
