@@ -113,9 +113,6 @@ def start_executor(config: EngineConfig) -> DistributedExecutor | None:
         return None
     if config.lora.enable_lora:
         raise ValueError("--enable-lora with tensor/expert parallelism is not implemented")
-    if config.quant.method not in (None, "unquantized"):
-        raise ValueError(f"--quantization {config.quant.method} with tensor/expert parallelism "
-                         f"is not implemented (quantized layers do not shard their scales yet)")
     platform = current_platform()
     if backend == "external_launcher":
         env = torchrun_env()

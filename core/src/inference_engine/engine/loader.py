@@ -263,7 +263,8 @@ def _check_parallel_quant(method: Any) -> None:
 
     state = parallel_state()
     name = getattr(method, "name", type(method).__name__)
-    if (state.tp.size > 1 or state.ep.size > 1) and name != "unquantized":
+    if (state.tp.size > 1 or state.ep.size > 1) and not type(method).__dict__.get(
+            "supports_tensor_parallel", False):
         raise ValueError(f"quantization {name!r} under tensor/expert parallelism is not "
                          f"implemented (its scales are not sharded with the weights); run it "
                          f"on one device")

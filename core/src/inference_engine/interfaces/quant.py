@@ -45,6 +45,10 @@ class QuantMethod(ABC):
     # Whether apply() multiplies by the layer's packed bf16 copy ``layer.gemv_weight`` where
     # it has one (the unquantized method on CPU): the CPU decode step runs that GEMV itself.
     multiplies_packed_bf16: bool = False
+    # Whether this method's weights load sharded under tensor parallelism: its loaders pass
+    # checkpoint tensors through ``layer.tp_shard`` (block scales cut in blocks). Declared
+    # by each class itself (the loader does not take a parent's word for a subclass).
+    supports_tensor_parallel: bool = False
 
     def __init__(self, checkpoint_config: dict[str, Any] | None = None, **options: Any) -> None:
         # The checkpoint's ``quantization_config`` (None for online methods).

@@ -180,9 +180,33 @@ class ReplicatedLinear(LinearBase):
         super().__init__(ctx, input_size, [output_size], prefix, bias)
 
 
+def _narrow_scaled(loaded: torch.Tensor, dim: int, full: int, start: int, size: int,
+                   what: str) -> torch.Tensor:
+    """``loaded.narrow(dim, start, size)`` for a tensor spanning ``full`` elements along
+    ``dim``, or a proportional slice of one that holds one entry per block of them (block
+    scales, packed codes): the slice must fall on block boundaries.
+
+    Raises:
+        ValueError: the rank's slice would split a block (names the tensor and sizes).
+    """
+    have = loaded.shape[dim]
+    if have == full:
+        return loaded.narrow(dim, start, size)
+    if have and full % have == 0 and start % (full // have) == 0 and size % (full // have) == 0:
+        unit = full // have
+        return loaded.narrow(dim, start // unit, size // unit)
+    if have and have % full == 0:  # several entries per element (packed along this dim)
+        per = have // full
+        return loaded.narrow(dim, start * per, size * per)
+    raise ValueError(f"{what}: a tensor of {have} entries over {full} elements cannot be split "
+                     f"at [{start}, {start + size}) for tensor parallelism (a block would be "
+                     f"split: use a tensor_parallel_size that keeps blocks whole)")
+
+
 class _ColumnSplit(LinearBase):
     """Column parallelism: each rank keeps rows ``_ckpt_rows[part]`` of each part's
-    checkpoint tensor; the output stays split (no collective)."""
+    checkpoint tensor; the output stays split (no collective). Tensors with one entry per
+    block of rows (block scales) are cut at the same rows, in blocks."""
 
     # Part id -> (first row in the checkpoint part, rows kept) on this rank.
     _ckpt_rows: dict[ShardId, tuple[int, int]]
@@ -190,17 +214,23 @@ class _ColumnSplit(LinearBase):
     _full_rows: dict[ShardId, int]
 
     def tp_shard(self, loaded: torch.Tensor, shard_id: ShardId | None) -> torch.Tensor:
-        if loaded.dim() == 0:
+        if loaded.dim() == 0 or loaded.numel() == 1:  # per-tensor scales: whole everywhere
             return loaded
         if shard_id is not None or len(self.shard_ids) == 1:
-            start, size = self._ckpt_rows[self.shard_ids[0] if shard_id is None else shard_id]
-            return loaded.narrow(0, start, size)
+            sid = self.shard_ids[0] if shard_id is None else shard_id
+            start, size = self._ckpt_rows[sid]
+            return _narrow_scaled(loaded, 0, self._full_rows[sid], start, size,
+                                  f"{self.prefix} part {sid!r}")
         # A fused checkpoint tensor (every part stacked): cut each part, keep its slice.
+        total = sum(self._full_rows.values())
+        unit = total / loaded.shape[0]
         pieces, offset = [], 0
         for sid in self.shard_ids:
             start, size = self._ckpt_rows[sid]
-            pieces.append(loaded.narrow(0, offset + start, size))
-            offset += self._full_rows[sid]
+            full = self._full_rows[sid]
+            part = loaded.narrow(0, int(offset / unit), int(full / unit))
+            pieces.append(_narrow_scaled(part, 0, full, start, size, f"{self.prefix}"))
+            offset += full
         return torch.cat(pieces)
 
 
@@ -221,7 +251,8 @@ class RowLinear(LinearBase):
     def tp_shard(self, loaded: torch.Tensor, shard_id: ShardId | None) -> torch.Tensor:
         if loaded.dim() < 2:  # the bias (and per-row scales): whole on every rank
             return loaded
-        return loaded.narrow(1, self.tp_rank * self.input_size, self.input_size)
+        return _narrow_scaled(loaded, 1, self.full_input_size, self.tp_rank * self.input_size,
+                              self.input_size, self.prefix)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [num_tokens, K / tp]`` (this rank's slice) -> ``[num_tokens, N]``, summed."""

@@ -24,6 +24,7 @@ class UnquantizedMethod(QuantMethod):
     """
 
     multiplies_packed_bf16 = True
+    supports_tensor_parallel = True  # copy_into_rows narrows to the rank's slice
 
     name = "unquantized"
 
