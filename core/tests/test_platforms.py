@@ -172,8 +172,12 @@ def test_engine_config_device_ids():
     assert ParallelConfig(device_ids="1").device_ids == [1]
     with pytest.raises(ValueError, match="more than once"):
         ParallelConfig(device_ids=[0, 0])
-    with pytest.raises(ValueError, match="names 2 devices, but one worker drives one device"):
+    with pytest.raises(ValueError, match="names 2 devices, but one rank drives one device"):
         ParallelConfig(device_ids="0,2")
+    # One device per rank: two ranks of tensor parallelism take two ids.
+    assert ParallelConfig(device_ids="0,2", tensor_parallel_size=2).device_ids == [0, 2]
+    with pytest.raises(ValueError, match="--data-parallel-size > 1 runs under torchrun only"):
+        ParallelConfig(data_parallel_size=2)
 
 
 def test_profiles_are_consistent():
