@@ -114,6 +114,20 @@ def test_extension_name_changes_with_the_torch_it_is_built_against(tmp_path, mon
     assert cpu_extensions.extension_name("ie_test", [source]) != first
 
 
+def test_extension_name_differs_between_checkouts_of_the_same_sources(tmp_path):
+    """Copies of one tree build under their own names: torch's build folder is named after
+    the extension and its build.ninja names the sources by path, so sharing a name made two
+    checkouts rebuild in turn."""
+    from inference_engine.cpu_extensions import extension_name
+
+    names = []
+    for checkout in ("a", "b"):
+        (tmp_path / checkout).mkdir()
+        source = _kernel_files(tmp_path / checkout)
+        names.append(extension_name("ie_test", [source]))
+    assert names[0] != names[1]
+
+
 def test_extension_name_finds_headers_on_the_include_path(tmp_path):
     from inference_engine.cpu_extensions import extension_name
 

@@ -155,15 +155,19 @@ def extension_name(
         flags: CPU flags for :func:`isa_key` (None: this machine's).
 
     Returns:
-        A name that changes when a source, a header it includes, the flags, the torch
-        version or the CPU's instruction set change.
+        A name that changes when a source, a header it includes, the folder they are in,
+        the flags, the torch version or the CPU's instruction set change.
     """
     files = _included_files([Path(s) for s in sources], [Path(d) for d in include_dirs])
     # The torch and Python it is built against: a build links one torch's C++ ABI, and a cache
     # folder shared by environments with different torches must not hand one's build to another.
     parts: list[str | bytes] = [torch_build_tag(), *DEFAULT_CFLAGS, *extra_cflags]
     for path in files:
-        parts += [path.name, path.read_bytes()]
+        # The absolute path too: torch's build folder (named after the extension) holds a
+        # build.ninja naming the sources by path, so two checkouts with the same bytes under
+        # one name would each rewrite it and rebuild in turn (minutes each, seen with copies
+        # of this tree in /tmp), and every other process waits on the build lock meanwhile.
+        parts += [str(path), path.read_bytes()]
     return f"{stem}_{isa_key(flags)}_{_short_hash(*parts)}"
 
 
