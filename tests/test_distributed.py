@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -120,17 +121,26 @@ def test_expert_load_is_counted_under_expert_parallelism(models):
 
 
 def test_dead_rank_fails_the_request_not_hangs(models):
-    llm = cpu_llm(models["dense"], tensor_parallel_size=2, collective_timeout=30.0,
-                  **ENGINE_ARGS)
-    try:
-        greedy(llm)
-        os.kill(llm.engine.executor.pids[0], signal.SIGKILL)
-        start = time.monotonic()
-        with pytest.raises(RankFailedError, match="rank 1"):
-            greedy(llm)
-        assert time.monotonic() - start < 30
-    finally:
-        llm.engine.shutdown()
+    """Rank 1 is killed while requests are generating (its collective partner fails at
+    once) and, on a fresh engine, between requests (found before the next step)."""
+    long = SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True)
+    for mid_request in (True, False):
+        llm = cpu_llm(models["dense"], tensor_parallel_size=2, collective_timeout=30.0,
+                      **ENGINE_ARGS)
+        try:
+            greedy(llm)  # warm: kernels built, so the kill cannot land in a build
+            pid = llm.engine.executor.pids[0]
+            start = time.monotonic()
+            if mid_request:
+                threading.Timer(0.3, os.kill, (pid, signal.SIGKILL)).start()
+            else:
+                os.kill(pid, signal.SIGKILL)
+            with pytest.raises(RankFailedError, match="rank 1"):
+                for _ in range(50):  # the kill lands during one of these
+                    llm.generate(PARITY_PROMPTS, long, use_tqdm=False)
+            assert time.monotonic() - start < 30
+        finally:
+            llm.engine.shutdown()
 
 
 def _post(url: str, body: dict, timeout: float = 60.0) -> tuple[int, dict]:
