@@ -378,3 +378,26 @@ def test_lora_requests_are_lossless_with_speculation(tmp_path):
     got = llm.generate(prompts, GREEDY, use_tqdm=False, lora_request=[lora, None])
     assert _ids(got) == _ids(want)
     assert llm.engine.stats()["spec_decode_num_drafts"] > 0
+
+
+def test_serve_with_speculative_config_answers_as_plain_and_reports_metrics(plain):
+    import json
+
+    import httpx
+    from inference_engine.testing import TEST_PLATFORM, ServerProcess
+
+    server = ServerProcess(DEMO, "--speculative-config", json.dumps(NGRAM),
+                           platform=TEST_PLATFORM)
+    try:
+        body = {"model": str(DEMO), "prompt": PROMPTS[0], "max_tokens": 16,
+                "temperature": 0, "ignore_eos": True}
+        reply = httpx.post(server.url + "/v1/completions", json=body, timeout=120).json()
+        want = plain.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=16,
+                                                         ignore_eos=True), use_tqdm=False)
+        assert reply["choices"][0]["text"] == want[0].outputs[0].text
+        text = httpx.get(server.url + "/metrics", timeout=30).text
+        drafts = [line for line in text.splitlines()
+                  if line.startswith("inference_engine:spec_decode_num_drafts_total")]
+        assert drafts and float(drafts[0].rsplit(" ", 1)[1]) > 0
+    finally:
+        assert server.stop() == 0, server.log()
