@@ -196,6 +196,9 @@ def test_settings_come_from_the_generation_config_and_extra_args(llm, model_dir)
     (SamplingParams(extra_args={"start_canvas": "mask"}), "start_canvas"),
     (SamplingParams(logprobs=1), "logprobs"),
     (SamplingParams(repetition_penalty=1.2), "repetition_penalty"),
+    (SamplingParams(temperature=0.0), "temperature"),
+    (SamplingParams(top_k=5), "top_k"),
+    (SamplingParams(min_p=0.1), "min_p"),
 ])
 def test_bad_requests_are_refused_by_name(llm, params, named):
     with pytest.raises(ValueError, match=named):
@@ -229,6 +232,9 @@ def test_server_serves_completions_chat_and_streams(model_dir, llm):
                 {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]}
             r = http.post("/v1/chat/completions", json=image)
             assert r.status_code == 400 and "image_url" in r.text
+            for field, value in (("temperature", 0.7), ("top_k", 5), ("top_p", 0.9)):
+                r = http.post("/v1/completions", json={**body, field: value})
+                assert r.status_code == 400 and field in r.json()["error"]["message"]
             r = http.post("/v1/completions", json={**body, "max_denoising_steps": 0})
             assert r.status_code == 400 and "max_denoising_steps" in r.text
             r = http.post("/v1/completions", json={**body, "denoising_steps": 4})

@@ -383,35 +383,6 @@ class LLMEngine:
             self._submit(state.request)
         return request_id
 
-    def _check_diffusion_request(self, params: SamplingParams, token_ids: list[int]) -> None:
-        """Refuse, by name, what a block-diffusion request cannot do, and check its diffusion
-        settings (``extra_args``).
-
-        Raises:
-            ValueError: token-by-token sampling controls (logprobs, penalties, grammars...),
-                image tokens, or an unknown or bad diffusion setting.
-        """
-        unsupported = [name for name, used in (
-            ("logprobs", params.logprobs is not None),
-            ("prompt_logprobs", params.prompt_logprobs is not None),
-            ("structured_outputs", params.structured_outputs is not None),
-            ("repetition_penalty", params.repetition_penalty != 1.0),
-            ("presence_penalty", params.presence_penalty != 0.0),
-            ("frequency_penalty", params.frequency_penalty != 0.0),
-            ("logit_bias", bool(params.logit_bias)),
-            ("allowed_token_ids", params.allowed_token_ids is not None),
-            ("bad_words", bool(params.bad_words)),
-        ) if used]
-        if unsupported:
-            raise ValueError(f"{', '.join(unsupported)}: not supported by the block-diffusion "
-                             f"model {type(self.model).__name__} (blocks are denoised, not "
-                             f"sampled token by token); leave it out")
-        image_token = getattr(self.model, "image_token_id", None)
-        if image_token is not None and image_token in token_ids:
-            raise ValueError(f"image inputs are not supported by {type(self.model).__name__} "
-                             f"(text only): the prompt holds the image token {image_token}")
-        self.diffusion.defaults.with_overrides(params.extra_args)
-
     def _encoder_inputs(self, prompt: PromptInput) -> Any:
         """A prompt dict's ``encoder_inputs`` (Whisper's log-mel features), checked by an
         encoder-decoder model; None for a decoder-only model.
@@ -433,6 +404,41 @@ class LLMEngine:
         if error is not None:
             raise ValueError(error)
         return given
+
+    def _check_diffusion_request(self, params: SamplingParams, token_ids: list[int]) -> None:
+        """Refuse, by name, what a block-diffusion request cannot do, and check its diffusion
+        settings (``extra_args``).
+
+        Raises:
+            ValueError: token-by-token sampling controls (temperature and top-k/p/min-p,
+                logprobs, penalties, grammars...), image tokens, or an unknown or bad
+                diffusion setting.
+        """
+        unsupported = [name for name, used in (
+            # The block's temperature follows the t_max -> t_min schedule; no top-k/p filter.
+            ("temperature", params.temperature != 1.0),
+            ("top_p", params.top_p != 1.0),
+            ("top_k", params.top_k not in (0, -1)),
+            ("min_p", params.min_p != 0.0),
+            ("logprobs", params.logprobs is not None),
+            ("prompt_logprobs", params.prompt_logprobs is not None),
+            ("structured_outputs", params.structured_outputs is not None),
+            ("repetition_penalty", params.repetition_penalty != 1.0),
+            ("presence_penalty", params.presence_penalty != 0.0),
+            ("frequency_penalty", params.frequency_penalty != 0.0),
+            ("logit_bias", bool(params.logit_bias)),
+            ("allowed_token_ids", params.allowed_token_ids is not None),
+            ("bad_words", bool(params.bad_words)),
+        ) if used]
+        if unsupported:
+            raise ValueError(f"{', '.join(unsupported)}: not supported by the block-diffusion "
+                             f"model {type(self.model).__name__} (blocks are denoised, not "
+                             f"sampled token by token); leave it out")
+        image_token = getattr(self.model, "image_token_id", None)
+        if image_token is not None and image_token in token_ids:
+            raise ValueError(f"image inputs are not supported by {type(self.model).__name__} "
+                             f"(text only): the prompt holds the image token {image_token}")
+        self.diffusion.defaults.with_overrides(params.extra_args)
 
     def _release_encoder(self, request_id: str) -> None:
         """Free an encoder-decoder model's state of a request that is gone."""

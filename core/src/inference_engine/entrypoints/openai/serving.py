@@ -230,9 +230,12 @@ class ModelServing:
                 f"request asks for {max_tokens} output tokens after a {prompt_len}-token prompt "
                 f"(at most {room} fit)", param=max_tokens_field)
         fields: dict[str, Any] = {}
+        # A block-diffusion model samples on its own schedule: the checkpoint's token-sampling
+        # defaults do not apply (the engine refuses the fields when a client sends them).
+        diffusion = getattr(self.engine.engine, "diffusion", None) is not None
         for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
             value = getattr(body, name)
-            if value is None:
+            if value is None and not diffusion:
                 value = self.sampling_defaults.get(name)
             if value is not None:
                 fields[name] = value
