@@ -17,6 +17,7 @@ products, F16 / BF16 rounding), and only the experts some token chose are touche
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -81,9 +82,16 @@ class GGMLFusedMoEMethod(FusedMoEMethod):
                 and q8k_kernels.kernel() is not None)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, weights: torch.Tensor,
-              ids: torch.Tensor) -> torch.Tensor:
+              ids: torch.Tensor, experts_fn: Callable[..., torch.Tensor] | None = None
+              ) -> torch.Tensor:
         """``x [T, hidden]``, router ``weights``/``ids [T, k]`` -> ``[T, hidden]``: each
-        chosen expert's two matmuls in llama.cpp's arithmetic (see the module docstring)."""
+        chosen expert's two matmuls in llama.cpp's arithmetic (see the module docstring).
+
+        Called with the layer's ``experts_fn`` (the core ``FusedMoE.forward``, layers that do
+        not multiply as llama.cpp does): the dense weights through that kernel instead.
+        """
+        if experts_fn is not None:
+            return super().apply(layer, x, weights, ids, experts_fn)
         dispatch = sort_by_expert(ids, layer.gate_up_proj.shape[0])
         xs = x.index_select(0, dispatch.token_of).float()  # [T*k, K] in expert order
         ys = xs.new_empty(xs.shape[0], layer.down_proj.shape[1])
