@@ -61,6 +61,13 @@ def gpt_oss_dirs(tmp_path_factory):
         quant[f"{p}.down_proj_blocks"], quant[f"{p}.down_proj_scales"] = blocks, scales
         dequant[f"{p}.down_proj"] = deq.transpose(1, 2).contiguous()
         del quant[f"{p}.gate_up_proj"], quant[f"{p}.down_proj"]
+    return _write_twins(root, quant, dequant, [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"])
+
+
+def _write_twins(root, quant, dequant, not_converted):
+    """``root/q`` (the MXFP4 checkpoint) and ``root/dq`` (its dequantized twin), each a copy
+    of ``root/src`` with its own tensors; returns both paths."""
     for name, tensors in (("q", quant), ("dq", dequant)):
         out = root / name
         out.mkdir()
@@ -71,8 +78,8 @@ def gpt_oss_dirs(tmp_path_factory):
                   metadata={"format": "pt"})
     cfg_path = root / "q" / "config.json"
     cfg = json.loads(cfg_path.read_text())
-    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
-        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    cfg["quantization_config"] = {"quant_method": "mxfp4",
+                                  "modules_to_not_convert": not_converted}
     cfg_path.write_text(json.dumps(cfg))
     return root / "q", root / "dq"
 
@@ -153,21 +160,9 @@ def m3_dirs(tmp_path_factory):
             quant[f"{p}.{part}_blocks"], quant[f"{p}.{part}_scales"] = blocks, scales
             dequant[f"{p}.{part}"] = deq.contiguous()
             del quant[f"{p}.{part}"]
-    for name, tensors in (("q", quant), ("dq", dequant)):
-        out = root / name
-        out.mkdir()
-        for f in (root / "src").iterdir():
-            if f.suffix != ".safetensors":
-                (out / f.name).write_bytes(f.read_bytes())
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"),
-                  metadata={"format": "pt"})
-    cfg_path = root / "q" / "config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+    return _write_twins(root, quant, dequant, [
         "model.layers.*.self_attn", "model.layers.*.mlp.gate", "model.layers.*.mlp.shared_experts",
-        "model.layers.0.mlp", "model.embed_tokens", "lm_head"]}
-    cfg_path.write_text(json.dumps(cfg))
-    return root / "q", root / "dq"
+        "model.layers.0.mlp", "model.embed_tokens", "lm_head"])
 
 
 def test_minimax_m3_mxfp4_experts_match_transformers(m3_dirs):
