@@ -8,6 +8,7 @@ The target is the committed demo model (trained, float32), on the CPU platform.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -175,13 +176,35 @@ def test_bad_configs_are_refused_by_name(tiny_model_dirs):
                 speculative_config={"method": "ngram", "num_speculative_tokens": 2})
 
 
-def test_structured_outputs_are_refused_with_speculation(ngram):
+def test_structured_outputs_with_speculation_equal_plain_decoding(plain, ngram):
+    """Each verified position is masked by the grammar state after the drafts before it:
+    greedy constrained outputs equal plain decoding's, token for token, and follow the
+    constraint (drafts the grammar refuses are rejected, never emitted)."""
+    import json
+
+    import jsonschema
     from inference_engine.sampling_params import StructuredOutputsParams
 
-    params = SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(
-        choice=["yes", "no"]))
-    with pytest.raises(ValueError, match="structured outputs and speculative_config"):
-        ngram.engine.add_request("Answer:", params)
+    schema = {"type": "object", "additionalProperties": False,
+              "properties": {"city": {"type": "string", "maxLength": 12},
+                             "days": {"type": "array", "maxItems": 3,
+                                      "items": {"enum": ["mon", "tue", "wed"]}}},
+              "required": ["city", "days"]}
+    params = [SamplingParams(temperature=0, max_tokens=48, structured_outputs=c) for c in (
+        StructuredOutputsParams(json=schema, disable_any_whitespace=True),
+        StructuredOutputsParams(choice=["yes", "no", "maybe"]),
+        StructuredOutputsParams(regex=r"(ab|cd){2,6}"))]
+    prompts = [PROMPTS[0], "Answer yes or no: is the sky blue?", PROMPTS[1]]
+    want = plain.generate(prompts, params)
+    metrics = ngram.engine.spec.metrics
+    drafted, accepted = metrics.num_draft_tokens, metrics.num_accepted_tokens
+    got = ngram.generate(prompts, params)
+    assert _ids(got) == _ids(want)
+    drafted, accepted = metrics.num_draft_tokens - drafted, metrics.num_accepted_tokens - accepted
+    assert drafted > accepted > 0  # drafts were verified under the grammar, some refused
+    jsonschema.validate(json.loads(got[0].outputs[0].text), schema)
+    assert got[1].outputs[0].text in ("yes", "no", "maybe")
+    assert re.fullmatch(r"(ab|cd){2,6}", got[2].outputs[0].text)
 
 
 def _cli(*args: str):

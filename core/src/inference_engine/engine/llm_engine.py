@@ -340,9 +340,6 @@ class LLMEngine:
         if bad:
             raise ValueError(f"prompt token ids outside the vocabulary [0, {vocab}): {bad[:8]}")
         params.update_from_tokenizer(self.tokenizer, vocab)
-        if self.spec is not None and params.structured_outputs is not None:
-            raise ValueError("structured outputs and speculative_config cannot be combined "
-                             "(drafts are not checked against the grammar)")
         if self.diffusion is not None:
             self._check_diffusion_request(params, token_ids)
         elif params.extra_args:
@@ -646,7 +643,8 @@ class LLMEngine:
             request = s.request
             if request.num_computed_tokens < request.num_prompt_tokens:
                 group = self._sequences[request.request_id].group
-                if request.num_computed_tokens and request.num_preemptions == 0 and not group.num_cached_tokens:
+                if (request.num_computed_tokens and request.num_preemptions == 0
+                        and not group.num_cached_tokens):
                     group.num_cached_tokens = request.num_computed_tokens
         batch = StepBatch.from_scheduler(
             out, None,
@@ -719,8 +717,12 @@ class LLMEngine:
         sampled = [out.scheduled[i] for i in logits.sample_rows]
         if not sampled:
             return
+        masks = [self.structured.draft_bitmask(s.request.request_id,
+                                               s.request.spec_token_ids[:s.num_spec_tokens])
+                 for s in sampled]
         verdict = self.spec.verify(logits.sample_logits, [s.request for s in sampled],
-                                   [s.num_spec_tokens for s in sampled])
+                                   [s.num_spec_tokens for s in sampled],
+                                   masks if any(m is not None for m in masks) else None)
         drafting = []
         for row, s in enumerate(sampled):
             request = s.request
@@ -730,6 +732,7 @@ class LLMEngine:
                 if request.is_finished:
                     break
                 request.append_token(token)
+                self.structured.accept(request.request_id, token)
                 num_appended += 1
                 if state.logprobs is not None and verdict.logprobs[row] is not None:
                     state.logprobs.append(verdict.logprobs[row][j])

@@ -106,16 +106,20 @@ class SpecDecoder:
         self.proposer.on_target_step(request_ids, num_computed, query_lens)
 
     def verify(self, logits: torch.Tensor, requests: Sequence[Request],
-               num_drafts: Sequence[int]) -> VerifyOutput:
+               num_drafts: Sequence[int],
+               token_bitmasks: Sequence[torch.Tensor | None] | None = None) -> VerifyOutput:
         """Verify each request's first ``num_drafts[i]`` drafts against ``logits``
-        (``[sum(1 + num_drafts), V]``, request-major); records the acceptance counters."""
+        (``[sum(1 + num_drafts), V]``, request-major), each position masked by the
+        request's grammar bits when it has some (``token_bitmasks``, from
+        ``StructuredOutputManager.draft_bitmask``); records the acceptance counters."""
         rows = []
-        for request, n in zip(requests, num_drafts, strict=True):
+        masks = token_bitmasks or [None] * len(requests)
+        for request, n, mask in zip(requests, num_drafts, masks, strict=True):
             probs = self._draft_probs.pop(request.request_id, None)
             rows.append(VerifyRow(
                 request.params, request.output_token_ids, request.prompt_token_ids,
                 request.eos_token_ids, request.spec_token_ids[:n],
-                None if probs is None or n == 0 else probs[:n]))
+                None if probs is None or n == 0 else probs[:n], mask))
         verdict = self.rejection(logits, rows)
         for n, accepted in zip(num_drafts, verdict.num_accepted, strict=True):
             self.metrics.record(n, accepted)

@@ -50,6 +50,9 @@ class VerifyRow:
     draft_token_ids: Sequence[int]
     # [len(drafts), vocab] float32 draft probabilities; None: a point mass on each draft.
     draft_probs: torch.Tensor | None = None
+    # Host int32 [len(drafts) + 1, ceil(vocab / 32)] grammar bits per verified position
+    # (StructuredOutputManager.draft_bitmask); None: no grammar.
+    token_bitmask: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
@@ -91,7 +94,8 @@ class RejectionSampler:
             raise ValueError(f"{logits.shape[0]} logit rows for {len(params)} verified positions")
         batch = SamplingBatch.from_rows(params, histories, vocab_size=logits.shape[1],
                                         device=device, prompt_token_ids=prompts,
-                                        eos_token_ids=eos)
+                                        eos_token_ids=eos,
+                                        token_bitmask=self._bitmask(rows, len(params)))
         if batch.is_plain_greedy:
             target = greedy_pick(logits)
         else:
@@ -114,6 +118,24 @@ class RejectionSampler:
             num_accepted.append(len(emitted) - 1)
         logprobs = self._logprobs(logits, rows, offsets, token_ids, batch)
         return VerifyOutput(token_ids, logprobs, num_accepted)
+
+    @staticmethod
+    def _bitmask(rows: Sequence[VerifyRow], num_positions: int) -> torch.Tensor | None:
+        """Every verified position's grammar bits (all allowed for rows without a grammar),
+        so each position is masked as the plain sampler masks a constrained step; None when
+        no row has a grammar."""
+        masks = [row.token_bitmask for row in rows]
+        present = [m for m in masks if m is not None]
+        if not present:
+            return None
+        out = torch.full((num_positions, present[0].shape[1]), -1, dtype=torch.int32)
+        start = 0
+        for row, mask in zip(rows, masks, strict=True):
+            n = len(row.draft_token_ids) + 1
+            if mask is not None:
+                out[start : start + n] = mask
+            start += n
+        return out
 
     @staticmethod
     def _point_mass(drafts: list[int], targets: list[int]) -> list[int]:

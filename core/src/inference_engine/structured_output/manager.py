@@ -114,6 +114,29 @@ class StructuredOutputManager:
             matcher.fill_next_token_bitmask(bitmask, i)
         return bitmask
 
+    def draft_bitmask(self, seq_id: str, drafts: Sequence[int]) -> torch.Tensor | None:
+        """Host ``int32 [len(drafts) + 1, ceil(vocab / 32)]`` bits for verifying ``drafts``:
+        row ``j`` allows what the grammar allows after the drafts before ``j``. Rows after
+        a draft the grammar refuses allow everything: verification rejects at that draft
+        (the target's masked draw cannot equal it), so they are never read. The matcher
+        is left as it was. None without an unfinished grammar."""
+        matcher = self._matchers.get(seq_id)
+        if matcher is None or matcher.is_terminated():
+            return None
+        import xgrammar
+
+        bitmask = xgrammar.allocate_token_bitmask(len(drafts) + 1, self.vocab_size)
+        advanced = 0
+        for j in range(len(drafts) + 1):
+            matcher.fill_next_token_bitmask(bitmask, j)
+            if j == len(drafts) or matcher.is_terminated() \
+                    or not matcher.accept_token(int(drafts[j])):
+                break
+            advanced += 1
+        if advanced:
+            matcher.rollback(advanced)
+        return bitmask
+
     def accept(self, seq_id: str, token_id: int) -> None:
         """Advance ``seq_id``'s matcher by a sampled token (no-op without one, or once the
         grammar is complete)."""
