@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from inference_engine.config import EngineConfig
-from inference_engine.distributed.executor import start_executor
+from inference_engine.distributed.launch import start_executor
 from inference_engine.distributed.worker import engine_device_ids
 from inference_engine.engine.held_samples import HeldSamples
 from inference_engine.engine.kv_cache import BlockManager, KVCachePool, log_capacity

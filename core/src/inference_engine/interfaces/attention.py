@@ -170,10 +170,12 @@ class AttentionBackend(ABC):
         the block's ``key``/``value`` are scratch and nothing is written to the cache.
 
         ``metadata.seq_lens_list`` holds the cached prefix lengths (the block excluded).
-        The default gathers each prefix and runs SDPA (any backend's cache layout is the
-        pool's); a backend may override it with a kernel.
-        """
-        from inference_engine.builtin.attention.prefix_block import attend_prefix_block
+        The built-in backends take the gather + SDPA implementation
+        (``builtin.attention.prefix_block.PrefixBlockAttention``, usable by any backend over
+        the pool's layout); a backend may override it with a kernel.
 
-        return attend_prefix_block(query, key, value, kv_cache, metadata, self.scale,
-                                   self.sliding_window, self.k_scale, self.v_scale)
+        Raises:
+            NotImplementedError: a backend without this mode.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no cached-prefix + "
+                                  "bidirectional-block mode (block-diffusion models)")

@@ -125,6 +125,6 @@ def add_lora_routes(app: FastAPI, loras: ServedLoRAs) -> None:
 
 
 async def _json(request: Request) -> Any:
-    from inference_engine.entrypoints.openai.app import read_json
+    from inference_engine.entrypoints.openai.request_body import read_json
 
     return await read_json(request, 1 << 16)

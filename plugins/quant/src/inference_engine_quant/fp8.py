@@ -32,16 +32,15 @@ them) stay unquantized.
 
 from __future__ import annotations
 
-import fnmatch
 from functools import partial
 from typing import Any
 
 import torch
 from inference_engine.builtin.quant.unquantized import UnquantizedMethod
 from inference_engine.interfaces.quant import QuantMethod
-from inference_engine.layers.weights import STACKED_PARAMS
 from torch import nn
 
+from inference_engine_quant.checkpoint_names import checkpoint_module_names, is_ignored
 from inference_engine_quant.fp8_linear import (
     apply_fp8_linear,
     finalize_fp8_layer,
@@ -66,29 +65,6 @@ def current_platform_or_none(options: dict[str, Any]) -> Any:
 
         return select_platform()
     return current_platform()
-
-
-def checkpoint_module_names(prefix: str) -> list[str]:
-    """Checkpoint module names behind one of our layers (``qkv_proj`` -> q/k/v_proj)."""
-    parent, _, leaf = prefix.rpartition(".")
-    parts = [ckpt for ckpt, (fused, _) in STACKED_PARAMS.items() if fused == leaf]
-    if not parts:
-        return [prefix]
-    return [f"{parent}.{p}" if parent else p for p in parts]
-
-
-def is_ignored(prefix: str, patterns: list[str]) -> bool:
-    """Whether any checkpoint module of ``prefix`` matches an ignore pattern."""
-    for name in checkpoint_module_names(prefix) + [prefix]:
-        for pattern in patterns:
-            if pattern.startswith("re:"):
-                import re
-
-                if re.match(pattern[3:], name):
-                    return True
-            elif name == pattern or fnmatch.fnmatchcase(name, pattern) or pattern in name:
-                return True
-    return False
 
 
 class Fp8Method(QuantMethod):

@@ -27,6 +27,7 @@ from inference_engine.interfaces.quant import QuantMethod
 from inference_engine.layers.linear import copy_into_rows
 from torch import nn
 
+from inference_engine_quant.checkpoint_names import checkpoint_module_names
 from inference_engine_quant.mx_e8m0 import ScaleRule
 
 __all__ = [
@@ -67,8 +68,6 @@ def matches_module(prefix: str, patterns: list[str]) -> bool:
     (``qkv_proj`` by ``q_proj``/``k_proj``/``v_proj``). Unlike substring
     matching, ``model.layers.0.mlp.gate`` does not match ``mlp.gate_proj``.
     """
-    from inference_engine_quant.fp8 import checkpoint_module_names
-
     for name in checkpoint_module_names(prefix) + [prefix]:
         parts = name.split(".")
         candidates = [".".join(parts[:i]) for i in range(len(parts), 0, -1)]

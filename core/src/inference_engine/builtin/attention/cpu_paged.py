@@ -35,6 +35,7 @@ from inference_engine.builtin.attention.cpu_prefill_kernel import (
     paged_prefill_attention,
     prefill_kernel,
 )
+from inference_engine.builtin.attention.prefix_block import PrefixBlockAttention
 from inference_engine.interfaces.attention import AttentionBackend, AttentionMetadata
 
 __all__ = ["DecodeGroup", "CpuPagedAttentionBackend", "plan_decode_groups"]
@@ -78,7 +79,7 @@ def plan_decode_groups(seq_lens: list[int], block_size: int,
     return [order[a:b] for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
 
 
-class CpuPagedAttentionBackend(AttentionBackend):
+class CpuPagedAttentionBackend(PrefixBlockAttention, AttentionBackend):
     """Paged attention with the CPU kernels and a batched torch decode path."""
 
     name = "cpu_paged"

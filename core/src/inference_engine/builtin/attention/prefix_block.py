@@ -17,7 +17,7 @@ from inference_engine.builtin.attention.attention_reference import dequantize
 from inference_engine.builtin.attention.common import gather_context
 from inference_engine.interfaces.attention import AttentionMetadata
 
-__all__ = ["attend_prefix_block"]
+__all__ = ["PrefixBlockAttention", "attend_prefix_block"]
 
 
 def _read(cached: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
@@ -71,3 +71,14 @@ def attend_prefix_block(
         out[start:end] = o[0].transpose(0, 1)
         start = end
     return out.view(query.shape[0], num_heads * head_dim)
+
+
+class PrefixBlockAttention:
+    """Mixin giving an attention backend the gather + SDPA "cached prefix + bidirectional
+    block" mode (``AttentionBackend.forward_prefix_block``) over the pool's cache layout."""
+
+    def forward_prefix_block(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                             kv_cache: tuple[torch.Tensor, torch.Tensor],
+                             metadata: AttentionMetadata) -> torch.Tensor:
+        return attend_prefix_block(query, key, value, kv_cache, metadata, self.scale,
+                                   self.sliding_window, self.k_scale, self.v_scale)

@@ -14,12 +14,13 @@ from inference_engine.builtin.attention.common import (
     gather_context,
     write_kv,
 )
+from inference_engine.builtin.attention.prefix_block import PrefixBlockAttention
 from inference_engine.interfaces.attention import AttentionBackend, AttentionMetadata
 
 __all__ = ["TorchSDPABackend"]
 
 
-class TorchSDPABackend(AttentionBackend):
+class TorchSDPABackend(PrefixBlockAttention, AttentionBackend):
     """Per-sequence ``scaled_dot_product_attention`` over the gathered context."""
 
     name = "torch_sdpa"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from inference_engine.builtin.attention.prefix_block import PrefixBlockAttention
 from inference_engine.builtin.attention.triton_attention_kernel import (
     paged_attention,
     write_kv_cache,
@@ -49,7 +50,7 @@ def plan_kv_splits(num_seqs: int, num_kv_heads: int, max_query_len: int,
     return num_splits, keys_per_split
 
 
-class TritonAttentionBackend(AttentionBackend):
+class TritonAttentionBackend(PrefixBlockAttention, AttentionBackend):
     """Paged attention through Triton kernels, reading K/V in place through the block table.
 
     Supports GQA/MQA, sliding windows, attention sinks, a logit soft-cap and float32,

@@ -7,7 +7,6 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-import orjson
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
@@ -28,7 +27,6 @@ from inference_engine.entrypoints.openai.errors import (
     status_phrase,
 )
 from inference_engine.entrypoints.openai.metrics import ServerMetrics
-from inference_engine.entrypoints.openai.server_load import ServerLoad, ServerLoadMiddleware
 from inference_engine.entrypoints.openai.protocol import (
     AbortRequest,
     ChatCompletionRequest,
@@ -38,7 +36,9 @@ from inference_engine.entrypoints.openai.protocol import (
     normalize_messages,
     parse_body,
 )
+from inference_engine.entrypoints.openai.request_body import decode_json, read_body, read_json
 from inference_engine.entrypoints.openai.security import APIKeyMiddleware
+from inference_engine.entrypoints.openai.server_load import ServerLoad, ServerLoadMiddleware
 from inference_engine.entrypoints.openai.serving import ModelServing
 from inference_engine.entrypoints.openai.transcriptions import add_speech_routes
 from inference_engine.lora.serving import ServedLoRAs, add_lora_routes
@@ -70,35 +70,6 @@ def make_parser_factory(config: ServerConfig, architecture: str, model_name: str
     if tool is None and reasoning is None:
         return None
     return PipelineFactory(tool, reasoning, config.tool_call_streaming)
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The raw body; 413 as soon as it passes ``limit`` bytes (the rest is never read)."""
-    length = request.headers.get("content-length", "")
-    too_large = APIError(f"the request body is larger than {limit} bytes", status=413)
-    if length.isdigit() and int(length) > limit:
-        raise too_large
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def decode_json(body: bytes) -> Any:
-    """The decoded JSON body; a 400 naming the problem if it is empty or not JSON."""
-    if not body.strip():
-        raise APIError("the request body is empty; send a JSON object")
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise APIError(f"the request body is not valid JSON: {exc}") from None
-
-
-async def read_json(request: Request, limit: int) -> Any:
-    return decode_json(await read_body(request, limit))
 
 
 def _inline_refs(node: Any, defs: dict[str, Any]) -> Any:
