@@ -213,17 +213,24 @@ def test_llm_reasoning_parser_starts_the_constraint_after_the_reasoning():
         cpu_llm(DEMO_MODEL, reasoning_parser="no_such_parser")
     llm = cpu_llm(DEMO_MODEL, reasoning_parser="qwen3", async_scheduling=False)
     conversation = [{"role": "user", "content": "What is the weather like in Tokyo?"}]
-    params = [SamplingParams(temperature=0.7, seed=seed, max_tokens=400,
-                             structured_outputs=_json(WEATHER)) for seed in range(2)]
+    # Compact JSON, so a constrained answer is short; samples cut by max_tokens (a long
+    # reasoning section) are not judged, but most must finish.
+    params = [SamplingParams(temperature=0.7, seed=seed, max_tokens=600,
+                             structured_outputs=_json(WEATHER, compact=True))
+              for seed in range(3)]
     parser = PipelineFactory(None, "qwen3")
     for thinking in (None, False):
         kwargs = None if thinking is None else {"enable_thinking": thinking}
-        outputs = llm.chat([conversation] * 2, params, chat_template_kwargs=kwargs)
-        for output in outputs:
-            text = output.outputs[0].text
-            result = parser.parse(text, enable_thinking=thinking).simple()
+        outputs = llm.chat([conversation] * 3, params, chat_template_kwargs=kwargs)
+        finished = [o.outputs[0] for o in outputs if o.outputs[0].finish_reason != "length"]
+        assert len(finished) >= 2, [o.outputs[0].text for o in outputs]
+        reasoned = 0
+        for output in finished:
+            result = parser.parse(output.text, enable_thinking=thinking).simple()
             jsonschema.validate(json.loads(result["content"]), WEATHER)
-            assert bool(result["reasoning"]) == (thinking is None), text
+            reasoned += bool(result["reasoning"])
+        # The reasoning section stays free (the model may close it at once); off, none.
+        assert reasoned >= 1 if thinking is None else reasoned == 0
     plain = cpu_llm(DEMO_MODEL, async_scheduling=False)
     text = plain.chat([conversation], params[:1])[0].outputs[0].text
     jsonschema.validate(json.loads(text), WEATHER)  # no parser: JSON from the first token
