@@ -32,7 +32,7 @@ from torch import nn
 from inference_engine.config import SpeculativeConfig
 from inference_engine.interfaces.attention import KVCacheSpec
 from inference_engine.interfaces.proposer import DraftRequest, Proposal, Proposer, ProposerContext
-from inference_engine.speculative.eagle3 import HiddenStateTap
+from inference_engine.speculative.eagle3 import HiddenStateTap, read_attention_geometry
 from inference_engine.speculative.paged_drafter_cache import PagedDrafterCache, rms_norm, rope
 
 __all__ = ["DFlashDrafter", "DFlashProposer"]
@@ -60,13 +60,7 @@ class DFlashDrafter(nn.Module):
 
     def __init__(self, cfg: dict[str, Any], num_targets: int, dtype: torch.dtype) -> None:
         super().__init__()
-        h = cfg["hidden_size"]
-        self.num_heads = cfg["num_attention_heads"]
-        self.num_kv_heads = cfg.get("num_key_value_heads", self.num_heads)
-        self.head_dim = cfg.get("head_dim") or h // self.num_heads
-        self.eps = cfg.get("rms_norm_eps", 1e-6)
-        rope_params = cfg.get("rope_parameters") or {}
-        self.rope_theta = float(rope_params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+        h = read_attention_geometry(self, cfg)
         bias = bool(cfg.get("attention_bias", False))
         self.layers = nn.ModuleList(
             _Layer(h, self.num_heads, self.num_kv_heads, self.head_dim,

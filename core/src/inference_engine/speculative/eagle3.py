@@ -35,7 +35,7 @@ from inference_engine.interfaces.attention import KVCacheSpec
 from inference_engine.interfaces.proposer import DraftRequest, Proposal, Proposer, ProposerContext
 from inference_engine.speculative.paged_drafter_cache import PagedDrafterCache, rms_norm, rope
 
-__all__ = ["Eagle3Drafter", "Eagle3Proposer", "HiddenStateTap"]
+__all__ = ["read_attention_geometry", "Eagle3Drafter", "Eagle3Proposer", "HiddenStateTap"]
 
 
 class HiddenStateTap:
@@ -92,18 +92,25 @@ class HiddenStateTap:
         return torch.cat([self.captured[i] for i in self.layer_ids], dim=-1)
 
 
+def read_attention_geometry(module: Any, cfg: dict[str, Any]) -> int:
+    """Set ``num_heads``, ``num_kv_heads``, ``head_dim``, ``eps`` and ``rope_theta`` on a
+    drafter ``module`` from its Llama/Qwen3-style config dict; returns ``hidden_size``."""
+    h = cfg["hidden_size"]
+    module.num_heads = cfg["num_attention_heads"]
+    module.num_kv_heads = cfg.get("num_key_value_heads", module.num_heads)
+    module.head_dim = cfg.get("head_dim") or h // module.num_heads
+    module.eps = cfg.get("rms_norm_eps", 1e-6)
+    rope_params = cfg.get("rope_parameters") or {}
+    module.rope_theta = float(rope_params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    return h
+
+
 class Eagle3Drafter(nn.Module):
     """The EAGLE-3 Llama drafter (one decoder layer over ``[embedding, feature]``)."""
 
     def __init__(self, cfg: dict[str, Any], target_hidden: int, dtype: torch.dtype) -> None:
         super().__init__()
-        h = cfg["hidden_size"]
-        self.num_heads = cfg["num_attention_heads"]
-        self.num_kv_heads = cfg.get("num_key_value_heads", self.num_heads)
-        self.head_dim = cfg.get("head_dim") or h // self.num_heads
-        self.eps = cfg.get("rms_norm_eps", 1e-6)
-        rope_params = cfg.get("rope_parameters") or {}
-        self.rope_theta = float(rope_params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+        h = read_attention_geometry(self, cfg)
         inter = cfg["intermediate_size"]
         vocab = cfg.get("draft_vocab_size") or cfg["vocab_size"]
         num_aux = 3
