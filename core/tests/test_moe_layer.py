@@ -22,15 +22,19 @@ from inference_engine.layers.moe import (
     sort_by_expert,
 )
 
-ACTIVATIONS = [ExpertActivation("silu"), ExpertActivation("swigluoai")]
+ACTIVATIONS = [ExpertActivation("silu"), ExpertActivation("swigluoai"),
+               ExpertActivation("gelu_tanh"), ExpertActivation("relu2")]
 
 
-def problem(t: int, k_in: int, inter: int, e: int, seed: int = 0):
+def problem(t: int, k_in: int, inter: int, e: int, seed: int = 0,
+            act: ExpertActivation = ACTIVATIONS[0]):
+    """Inputs and weights; a non-gated ``act`` gets up rows alone (``[E, I, K]``)."""
     g = torch.Generator().manual_seed(seed)
+    rows = act.up_rows(inter)
     x = torch.randn(t, k_in, generator=g)
-    gate_up = 0.2 * torch.randn(e, 2 * inter, k_in, generator=g)
+    gate_up = 0.2 * torch.randn(e, rows, k_in, generator=g)
     down = 0.2 * torch.randn(e, k_in, inter, generator=g)
-    biases = (torch.randn(e, 2 * inter, generator=g), torch.randn(e, k_in, generator=g))
+    biases = (torch.randn(e, rows, generator=g), torch.randn(e, k_in, generator=g))
     return x, gate_up, down, biases
 
 
@@ -58,7 +62,7 @@ def check_triton_against_reference() -> None:
     for ids in CASES.values():
         for act in ACTIVATIONS:
             for bias in (False, True):
-                x, gate_up, down, (gb, db) = problem(ids.shape[0], 40, 24, 6)
+                x, gate_up, down, (gb, db) = problem(ids.shape[0], 40, 24, 6, act=act)
                 weights = torch.rand(ids.shape, generator=torch.Generator().manual_seed(1))
                 args = (x, gate_up, down, weights, ids, act) + ((gb, db) if bias else (None, None))
                 torch.testing.assert_close(triton_moe.fused_moe_triton(*args),
@@ -95,11 +99,29 @@ def test_triton_kernel_matches_reference_under_the_interpreter():
 @pytest.mark.parametrize("bias", [False, True])
 def test_torch_path_matches_reference(case, act, bias):
     ids = CASES[case]
-    x, gate_up, down, (gb, db) = problem(ids.shape[0], 40, 24, 6)
+    x, gate_up, down, (gb, db) = problem(ids.shape[0], 40, 24, 6, act=act)
     weights = torch.rand(ids.shape, generator=torch.Generator().manual_seed(1))
     args = (x, gate_up, down, weights, ids, act) + ((gb, db) if bias else (None, None))
     torch.testing.assert_close(fused_moe_torch(*args), fused_moe_reference(*args),
                                atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name,hf_name", [("relu2", "relu2"), ("gelu_tanh", "gelu_pytorch_tanh"),
+                                          ("silu", "silu")])
+def test_expert_activations_match_transformers(name, hf_name):
+    """Each activation against transformers' ACT2FN of the same name (gated ones on the gate
+    half, times the up half); a non-gated one keeps the width."""
+    from inference_engine.layers.moe import expert_activation
+    from transformers.activations import ACT2FN
+
+    act = ExpertActivation(name)
+    h = torch.randn(5, 2 * 8, generator=torch.Generator().manual_seed(0))
+    if act.gated:
+        want = ACT2FN[hf_name](h[:, :8]) * h[:, 8:]
+    else:
+        want = ACT2FN[hf_name](h)
+    torch.testing.assert_close(expert_activation(h.clone(), act), want)
+    torch.testing.assert_close(expert_activation(h.clone(), act, inplace=True), want)
 
 
 def test_align_block_size_pads_each_expert_to_whole_blocks():

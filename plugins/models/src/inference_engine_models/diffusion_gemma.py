@@ -29,6 +29,7 @@ from inference_engine.interfaces.attention import AttentionMetadata
 from inference_engine.interfaces.block_diffusion import BlockDiffusionLM
 from inference_engine.interfaces.model import ModelContext
 from inference_engine.layers import Attention, ReplicatedLinear, load_checkpoint_weights
+from inference_engine.layers.moe import GELU_TANH, FusedMoE
 from torch import nn
 
 __all__ = ["DiffusionGemmaForBlockDiffusion"]
@@ -190,37 +191,6 @@ class GemmaRouter(nn.Module):
         return weights * self.per_expert_scale[ids], ids
 
 
-class GemmaExperts(nn.Module):
-    """Stacked gated-GELU experts (transformers' layout: ``gate_up_proj [E, 2I, H]``,
-    ``down_proj [E, H, I]``), each applied to the tokens routed to it."""
-
-    def __init__(self, ctx: ModelContext, config: Any) -> None:
-        super().__init__()
-        e, h, i = config.num_experts, config.hidden_size, config.moe_intermediate_size
-        self.num_experts = e
-        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h, dtype=ctx.dtype),
-                                         requires_grad=False)
-        self.down_proj = nn.Parameter(torch.empty(e, h, i, dtype=ctx.dtype), requires_grad=False)
-
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros_like(x)
-        flat_ids = ids.reshape(-1)
-        order = torch.argsort(flat_ids, stable=True)
-        counts = torch.bincount(flat_ids, minlength=self.num_experts).tolist()
-        tokens = order // ids.shape[1]
-        flat_weights = weights.reshape(-1)[order]
-        start = 0
-        for expert, count in enumerate(counts):
-            if count == 0:
-                continue
-            rows = tokens[start : start + count]
-            gate, up = F.linear(x[rows], self.gate_up_proj[expert]).chunk(2, dim=-1)
-            h = F.linear(F.gelu(gate, approximate="tanh") * up, self.down_proj[expert])
-            out.index_add_(0, rows, (h * flat_weights[start : start + count, None]).to(out.dtype))
-            start += count
-        return out
-
-
 class DiffusionGemmaLayer(nn.Module):
     def __init__(self, ctx: ModelContext, config: Any, layer_idx: int, prefix: str) -> None:
         super().__init__()
@@ -228,7 +198,8 @@ class DiffusionGemmaLayer(nn.Module):
         self.self_attn = DiffusionGemmaAttention(ctx, config, layer_idx, f"{prefix}.self_attn")
         self.mlp = GatedGeluMLP(ctx, hidden, config.intermediate_size, f"{prefix}.mlp")
         self.router = GemmaRouter(ctx, config, f"{prefix}.router")
-        self.experts = GemmaExperts(ctx, config)
+        self.experts = FusedMoE(ctx, config.num_experts, hidden, config.moe_intermediate_size,
+                                f"{prefix}.experts", activation=GELU_TANH)
         for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                      "post_feedforward_layernorm", "post_feedforward_layernorm_1",
                      "post_feedforward_layernorm_2", "pre_feedforward_layernorm_2"):

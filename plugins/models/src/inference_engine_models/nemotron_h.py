@@ -25,7 +25,7 @@ from inference_engine.layers.attention import Attention
 from inference_engine.layers.embedding import LMHead, VocabEmbedding
 from inference_engine.layers.linear import QKVParallelLinear, ReplicatedLinear, RowLinear
 from inference_engine.layers.mamba2 import Mamba2Config, Mamba2Mixer
-from inference_engine.layers.moe import RouterSpec, route
+from inference_engine.layers.moe import RELU2, FusedMoE, RouterSpec, route
 from inference_engine.layers.norm import RMSNorm
 from inference_engine.layers.weights import load_checkpoint_weights
 from torch import nn
@@ -55,60 +55,6 @@ class Relu2MLP(nn.Module):
         return self.down_proj(relu2(self.up_proj(x)))
 
 
-def _load_expert(param: torch.Tensor, loaded: torch.Tensor, expert: int | None = None) -> None:
-    """One expert's projection (``expert`` set) or the stacked ``[E, ...]`` tensor."""
-    target = param.data if expert is None else param.data[expert]
-    if target.shape != loaded.shape:
-        raise ValueError(f"shape mismatch: the checkpoint tensor has shape "
-                         f"{tuple(loaded.shape)}, the model expects {tuple(target.shape)}")
-    target.copy_(loaded)
-
-
-class Relu2Experts(nn.Module):
-    """``num_experts`` non-gated relu² MLPs: ``up_proj [E, I, H]``, ``down_proj [E, H, I]``.
-
-    Tokens are grouped by expert (one sort) and each expert with tokens runs two matmuls
-    on its rows; the router's weights scale the results, summed per token.
-    """
-
-    def __init__(self, ctx: ModelContext, num_experts: int, hidden_size: int,
-                 intermediate_size: int) -> None:
-        super().__init__()
-        self.num_experts = num_experts
-        self.up_proj = nn.Parameter(torch.empty(num_experts, intermediate_size, hidden_size,
-                                                dtype=ctx.dtype), requires_grad=False)
-        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size,
-                                                  dtype=ctx.dtype), requires_grad=False)
-        for param in (self.up_proj, self.down_proj):
-            param.weight_loader = _load_expert  # type: ignore[attr-defined]
-
-    def checkpoint_layouts(self, leaf: str) -> list[dict[str, object]]:
-        """One tensor per expert (``N.up_proj.weight``), or transformers' stacked parameter."""
-        return [{f"{e}.{leaf}.weight": e for e in range(self.num_experts)}, {leaf: None}]
-
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """``x [T, H]``, router ``weights``/``ids [T, k]`` -> ``[T, H]``."""
-        t, k = ids.shape
-        flat = ids.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
-        token_of = order // k
-        rows = x.index_select(0, token_of)
-        out_rows = torch.empty_like(rows)
-        start = 0
-        for expert, count in enumerate(counts):
-            if count:
-                h = relu2(rows[start : start + count] @ self.up_proj[expert].t())
-                out_rows[start : start + count] = h @ self.down_proj[expert].t()
-                start += count
-        # Back to (token, choice) order with a gather, then the weighted sum over the k
-        # choices (a scatter-add was 4x slower per decode step on the CPU).
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(order.numel(), device=order.device)
-        per_choice = out_rows.index_select(0, inverse).view(t, k, -1)
-        return (per_choice * weights.to(out_rows.dtype).unsqueeze(-1)).sum(1)
-
-
 class NemotronHMoE(nn.Module):
     """Sigmoid top-k routing (float32 router, correction bias for the choice, optional
     groups, renormalised, scaled), relu² experts, an always-on shared relu² expert."""
@@ -125,8 +71,8 @@ class NemotronHMoE(nn.Module):
             topk_groups=cfg.topk_group, group_score="top2_sum",
             routed_scaling_factor=float(cfg.routed_scaling_factor))
         self.gate = _Router(cfg.n_routed_experts, cfg.hidden_size)
-        self.experts = Relu2Experts(ctx, cfg.n_routed_experts, cfg.hidden_size,
-                                    cfg.moe_intermediate_size)
+        self.experts = FusedMoE(ctx, cfg.n_routed_experts, cfg.hidden_size,
+                                cfg.moe_intermediate_size, f"{prefix}.experts", activation=RELU2)
         self.shared_experts = Relu2MLP(ctx, cfg.hidden_size,
                                        cfg.moe_shared_expert_intermediate_size,
                                        f"{prefix}.shared_experts", bias=bool(cfg.mlp_bias))

@@ -9,7 +9,14 @@ Routing and dispatch read nothing back to the host (see
 :mod:`inference_engine.testing_sync`).
 """
 
-from inference_engine.layers.moe.activation import SILU, ExpertActivation, gated_activation
+from inference_engine.layers.moe.activation import (
+    GELU_TANH,
+    RELU2,
+    SILU,
+    ExpertActivation,
+    expert_activation,
+    gated_activation,
+)
 from inference_engine.layers.moe.block import SparseMoeBlock
 from inference_engine.layers.moe.dispatch import ExpertDispatch, align_block_size, sort_by_expert
 from inference_engine.layers.moe.layer import FusedMoE
@@ -19,6 +26,8 @@ from inference_engine.layers.moe.router import RouterSpec, route
 from inference_engine.layers.moe.torch_experts import fused_moe_torch
 
 __all__ = [
+    "GELU_TANH",
+    "RELU2",
     "SILU",
     "ExpertActivation",
     "ExpertDispatch",
@@ -29,6 +38,7 @@ __all__ = [
     "UnquantizedFusedMoEMethod",
     "align_block_size",
     "fused_moe_reference",
+    "expert_activation",
     "fused_moe_torch",
     "gated_activation",
     "route",

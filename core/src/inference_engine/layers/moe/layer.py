@@ -79,7 +79,8 @@ def _transformed(loader: Callable[..., None], name: str,
 
 
 def shard_expert_loader(loader: Callable[..., None], name: str, placement: ExpertPlacement,
-                        tp: GroupCollectives, intermediate_size: int) -> Callable[..., None]:
+                        tp: GroupCollectives, intermediate_size: int,
+                        gated: bool = True) -> Callable[..., None]:
     """``loader`` fed this rank's part of full checkpoint tensors: only the local experts
     (expert parallelism; a remote expert's tensor is skipped), and under tensor parallelism
     only this rank's slice of each expert's intermediate width (gate and up alike; the down
@@ -90,7 +91,7 @@ def shard_expert_loader(loader: Callable[..., None], name: str, placement: Exper
     def tp_rows(t: torch.Tensor, dim: int, gate_up: bool) -> torch.Tensor:
         if size == 1:
             return t
-        if gate_up:
+        if gate_up and gated:
             return torch.cat((t.narrow(dim, rank * part, part),
                               t.narrow(dim, inter + rank * part, part)), dim=dim)
         return t.narrow(dim, rank * part, part)
@@ -121,7 +122,8 @@ def shard_expert_loader(loader: Callable[..., None], name: str, placement: Exper
 
 
 class FusedMoE(nn.Module):
-    """``num_experts`` gated MLPs (``hidden -> 2 * intermediate -> hidden``) applied by routing.
+    """``num_experts`` MLPs (``hidden -> 2 * intermediate -> hidden`` gated, or
+    ``hidden -> intermediate -> hidden``) applied by routing.
 
     Args:
         ctx: the model context (dtype, quant method).
@@ -129,7 +131,8 @@ class FusedMoE(nn.Module):
         hidden_size: model width (K and the output width).
         intermediate_size: each expert's gate/up width.
         prefix: dotted module name (``model.layers.0.mlp.experts``).
-        activation: the gated activation between the GEMMs.
+        activation: the activation between the GEMMs (gated, or not: then the first
+            projection holds the up rows alone, ``[E, I, K]``).
         bias: biases on both expert projections (gpt-oss).
         expert_names: per-expert checkpoint module names of (gate, up, down):
             ``("gate_proj", "up_proj", "down_proj")`` or Mixtral's ``("w1", "w3", "w2")``.
@@ -155,6 +158,10 @@ class FusedMoE(nn.Module):
         # Named like linear layers' attribute, so the loader's process-after-loading pass finds it.
         self.quant_method: FusedMoEMethod = (
             ctx.quant_method.fused_moe_method(prefix) or UnquantizedFusedMoEMethod())
+        if not activation.gated and type(self.quant_method) is not UnquantizedFusedMoEMethod:
+            raise ValueError(f"{prefix}: quantized experts ({type(self.quant_method).__name__}) "
+                             f"with the non-gated {activation.name!r} activation are not "
+                             f"implemented")
         # Parallelism, fixed at build: experts placed over the EP ranks (whole experts), or
         # under tensor parallelism each expert's intermediate width split like an MLP's.
         ps = parallel_state()
@@ -182,7 +189,8 @@ class FusedMoE(nn.Module):
                                  f"({type(self.quant_method).__name__}) is not implemented")
             for name, param in self.named_parameters(recurse=False):
                 param.weight_loader = shard_expert_loader(  # type: ignore[attr-defined]
-                    param.weight_loader, name, self.placement, self._tp, intermediate_size)
+                    param.weight_loader, name, self.placement, self._tp, intermediate_size,
+                    activation.gated)
         if checkpoint_transform is not None:
             for name, param in self.named_parameters(recurse=False):
                 param.weight_loader = _transformed(  # type: ignore[attr-defined]
@@ -198,9 +206,12 @@ class FusedMoE(nn.Module):
         own = self.quant_method.checkpoint_layouts(self, leaf)
         if own is not None:
             return own
-        layouts: list[dict[str, object]] = [{leaf: None}]
         gate, up, down = self.expert_names
-        per_expert = {"gate_up_proj": [(gate, "gate"), (up, "up")], "down_proj": [(down, "down")]}
+        # A non-gated expert's first projection is its up projection alone (stacked or not).
+        stacked = up if leaf == "gate_up_proj" and not self.activation.gated else leaf
+        layouts: list[dict[str, object]] = [{stacked: None}]
+        first = [(gate, "gate"), (up, "up")] if self.activation.gated else [(up, "up")]
+        per_expert = {"gate_up_proj": first, "down_proj": [(down, "down")]}
         if leaf in per_expert:
             layouts.insert(0, {f"{e}.{name}.weight": (e, part)
                                for e in range(self.num_experts)

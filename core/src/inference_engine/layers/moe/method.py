@@ -59,7 +59,8 @@ class FusedMoEMethod(ABC):
 
 
 class UnquantizedFusedMoEMethod(FusedMoEMethod):
-    """Experts in the compute dtype: ``gate_up_proj [E, 2I, K]``, ``down_proj [E, K, I]``.
+    """Experts in the compute dtype: ``gate_up_proj [E, 2I, K]`` (``[E, I, K]`` for a
+    non-gated activation), ``down_proj [E, K, I]``.
 
     Parameter names and layouts are transformers v5's, so a stacked tensor
     loads whole; per-expert checkpoint tensors load into one expert's rows
@@ -68,15 +69,18 @@ class UnquantizedFusedMoEMethod(FusedMoEMethod):
 
     def create_weights(self, layer: nn.Module, prefix: str, num_experts: int, hidden_size: int,
                        intermediate_size: int, params_dtype: torch.dtype, bias: bool) -> None:
-        shapes = {"gate_up_proj": (num_experts, 2 * intermediate_size, hidden_size),
+        # Gate and up rows, or up rows alone for a non-gated activation (Nemotron-H's relu²).
+        gated = layer.activation.gated
+        up_rows = layer.activation.up_rows(intermediate_size)
+        shapes = {"gate_up_proj": (num_experts, up_rows, hidden_size),
                   "down_proj": (num_experts, hidden_size, intermediate_size)}
         if bias:
-            shapes["gate_up_proj_bias"] = (num_experts, 2 * intermediate_size)
+            shapes["gate_up_proj_bias"] = (num_experts, up_rows)
             shapes["down_proj_bias"] = (num_experts, hidden_size)
         for name, shape in shapes.items():
             param = nn.Parameter(torch.empty(shape, dtype=params_dtype), requires_grad=False)
             param.weight_loader = partial(  # type: ignore[attr-defined]
-                load_expert_part, intermediate_size, name=f"{prefix}.{name}")
+                load_expert_part, intermediate_size, name=f"{prefix}.{name}", gated=gated)
             layer.register_parameter(name, param)
 
     def expert_weights(self, layer: nn.Module) -> ExpertWeights:
@@ -85,8 +89,10 @@ class UnquantizedFusedMoEMethod(FusedMoEMethod):
 
 
 def load_expert_part(intermediate_size: int, param: torch.Tensor, loaded: torch.Tensor,
-                     shard_id: tuple[int, str] | None = None, *, name: str) -> None:
-    """Copy a stacked tensor whole, or one expert's gate/up/down part into its rows.
+                     shard_id: tuple[int, str] | None = None, *, name: str,
+                     gated: bool = True) -> None:
+    """Copy a stacked tensor whole, or one expert's gate/up/down part into its rows (a
+    non-gated expert's up part fills all of its first projection).
 
     Raises:
         ValueError: naming the parameter, the part and both shapes on a mismatch.
@@ -95,7 +101,7 @@ def load_expert_part(intermediate_size: int, param: torch.Tensor, loaded: torch.
     if shard_id is not None:
         expert, part = shard_id
         target = target[expert]
-        if part in ("gate", "up"):
+        if part in ("gate", "up") and gated:
             target = target.narrow(0, 0 if part == "gate" else intermediate_size,
                                    intermediate_size)
         where = f"{name} (expert {expert}, {part})"

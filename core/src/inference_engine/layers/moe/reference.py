@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from inference_engine.layers.moe.activation import SILU, ExpertActivation, gated_activation
+from inference_engine.layers.moe.activation import SILU, ExpertActivation, expert_activation
 
 __all__ = ["fused_moe_reference"]
 
@@ -26,10 +26,11 @@ def fused_moe_reference(
 
     Args:
         x: ``[T, K]``.
-        gate_up: ``[E, 2I, K]`` (gate rows then up rows).
+        gate_up: ``[E, 2I, K]`` (gate rows then up rows), ``[E, I, K]`` for a non-gated
+            ``activation``.
         down: ``[E, K_out, I]``.
         weights, ids: ``[T, k]`` from the router.
-        gate_up_bias, down_bias: ``[E, 2I]``, ``[E, K_out]`` or None.
+        gate_up_bias, down_bias: ``[E, 2I]`` (``[E, I]``), ``[E, K_out]`` or None.
 
     Returns:
         ``[T, K_out]`` in ``x.dtype``.
@@ -41,7 +42,7 @@ def fused_moe_reference(
             h = x[t : t + 1].float() @ gate_up[e].float().T
             if gate_up_bias is not None:
                 h = h + gate_up_bias[e].float()
-            y = gated_activation(h, activation) @ down[e].float().T
+            y = expert_activation(h, activation) @ down[e].float().T
             if down_bias is not None:
                 y = y + down_bias[e].float()
             out[t] += weights[t, j].float() * y[0]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from inference_engine.layers.moe.activation import SILU, ExpertActivation, gated_activation
+from inference_engine.layers.moe.activation import SILU, ExpertActivation, expert_activation
 from inference_engine.layers.moe.dispatch import ExpertDispatch, sort_by_expert
 
 __all__ = ["fused_moe_torch"]
@@ -64,7 +64,7 @@ def _grouped(xs: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
     """``[T*k, K_out]`` expert outputs of the sorted rows, sync-free."""
     # h: [T*k, 2I]; ys: [T*k, K_out]; offs are the experts' row ends.
     h = F.grouped_mm(xs, gate_up.transpose(1, 2), offs=dispatch.ends)
-    act = gated_activation(h, activation, inplace=True)
+    act = expert_activation(h, activation, inplace=True)
     if act.stride(0) * act.element_size() % 16:
         act = act.contiguous()
     return F.grouped_mm(act, down.transpose(1, 2), offs=dispatch.ends)
@@ -83,7 +83,7 @@ def _per_expert_loop(xs: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor
         end = start + n
         h = F.linear(xs[start:end], gate_up[e],
                      None if gate_up_bias is None else gate_up_bias[e])
-        act = gated_activation(h, activation, inplace=True)
+        act = expert_activation(h, activation, inplace=True)
         # Straight into this expert's rows of ys (no temporary + copy).
         torch.matmul(act, down[e].T, out=ys[start:end])
         if down_bias is not None:

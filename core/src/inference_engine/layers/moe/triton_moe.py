@@ -4,7 +4,7 @@ The (token, slot) assignments are sorted by expert and padded so that every
 ``BLOCK_SIZE_M`` rows belong to one expert (:func:`align_block_size`); each
 program multiplies one such block by a ``BLOCK_SIZE_N`` slice of its expert's
 weight. Experts without tokens get no block. Two launches make one MoE
-layer: ``x @ gate_up[e]^T`` (rows read from the token), the gated activation,
+layer: ``x @ gate_up[e]^T`` (rows read from the token), the activation,
 then ``act @ down[e]^T`` scaled by the routing weight, summed per token.
 
 Launch parameters come from the ``ie_kernel_tuning_config`` hook (op
@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from inference_engine.kernel_tuning import tuning_config
-from inference_engine.layers.moe.activation import SILU, ExpertActivation, gated_activation
+from inference_engine.layers.moe.activation import SILU, ExpertActivation, expert_activation
 from inference_engine.layers.moe.dispatch import align_block_size
 
 __all__ = ["default_config", "fused_moe_triton", "launch_config"]
@@ -145,7 +145,7 @@ def fused_moe_triton(
     h = torch.empty(t * k, two_i, dtype=x.dtype, device=x.device)
     _grouped_gemm(x, gate_up, h, gate_up_bias, None, sorted_ids, block_expert, num_padded,
                   k, config)
-    act = gated_activation(h, activation)
+    act = expert_activation(h, activation)
     y = torch.empty(t * k, down.shape[1], dtype=x.dtype, device=x.device)
     flat_weights = weights.reshape(-1).to(torch.float32).contiguous()
     config_down = launch_config({**shape, "N": down.shape[1], "K": down.shape[2]})
