@@ -124,34 +124,33 @@ def moe_launch_config(fmt: str, shape: dict[str, int]) -> dict[str, Any]:
 def fused_moe_quant_triton(x: torch.Tensor, experts: QuantExperts, weights: torch.Tensor,
                            ids: torch.Tensor, activation: ExpertActivation = SILU,
                            config: dict[str, Any] | None = None) -> torch.Tensor:
-    """Same contract as :func:`fused_moe_quant_reference`, in two grouped-GEMM launches."""
-    from inference_engine.layers.moe.dispatch import align_block_size
+    """Same contract as :func:`fused_moe_quant_reference`: the core's two grouped-GEMM
+    launches (:func:`~inference_engine.layers.moe.triton_moe.grouped_moe`), each over the
+    quantized experts."""
+    from inference_engine.layers.moe.triton_moe import grouped_moe
 
     from inference_engine_quant.kernels.quant_moe_gemm import quant_grouped_gemm
 
     t, k = ids.shape
-    num_experts, two_i = experts.gate_up.shape[0], experts.gate_up.shape[1]
+    num_experts, up_rows = experts.gate_up.shape[0], experts.gate_up.shape[1]
     hidden, inter = experts.hidden_size, experts.intermediate_size
-    shape = {"M": t, "N": two_i, "K": hidden, "E": num_experts, "topk": k}
-    cfg = config or moe_launch_config(experts.fmt, shape)
-    sorted_ids, block_expert, num_padded = align_block_size(ids, num_experts,
-                                                            cfg["BLOCK_SIZE_M"])
-    h = torch.empty(t * k, two_i, dtype=x.dtype, device=x.device)
-    quant_grouped_gemm(x, experts.gate_up, experts.gate_up_scale, experts.fmt, experts.block,
-                       two_i, hidden, h, experts.gate_up_bias, None, sorted_ids, block_expert,
-                       num_padded, k, cfg)
-    act = gated_activation(h, activation)
     out_dim = experts.down.shape[1]
-    y = torch.empty(t * k, out_dim, dtype=x.dtype, device=x.device)
-    flat_weights = weights.reshape(-1).to(torch.float32).contiguous()
-    cfg_down = config or moe_launch_config(experts.fmt, {**shape, "N": out_dim, "K": inter})
-    if cfg_down["BLOCK_SIZE_M"] != cfg["BLOCK_SIZE_M"]:
-        sorted_ids, block_expert, num_padded = align_block_size(ids, num_experts,
-                                                                cfg_down["BLOCK_SIZE_M"])
-    quant_grouped_gemm(act, experts.down, experts.down_scale, experts.fmt, experts.block,
-                       out_dim, inter, y, experts.down_bias, flat_weights, sorted_ids,
-                       block_expert, num_padded, 1, cfg_down)
-    return y.view(t, k, -1).sum(dim=1)
+    shape = {"M": t, "N": up_rows, "K": hidden, "E": num_experts, "topk": k}
+    operands = {"gate_up": (experts.gate_up, experts.gate_up_scale, up_rows, hidden,
+                            experts.gate_up_bias),
+                "down": (experts.down, experts.down_scale, out_dim, inter, experts.down_bias)}
+
+    def gemm(which: str, a: torch.Tensor, c: torch.Tensor, routing: torch.Tensor | None,
+             sorted_ids: torch.Tensor, block_expert: torch.Tensor, num_padded: torch.Tensor,
+             rows_per_a: int, cfg: dict[str, Any]) -> None:
+        w, scale, n, k_dim, bias = operands[which]
+        quant_grouped_gemm(a, w, scale, experts.fmt, experts.block, n, k_dim, c, bias, routing,
+                           sorted_ids, block_expert, num_padded, rows_per_a, cfg)
+
+    return grouped_moe(x, ids, weights, num_experts, up_rows, out_dim, activation, gemm,
+                       config or moe_launch_config(experts.fmt, shape),
+                       config or moe_launch_config(experts.fmt,
+                                                   {**shape, "N": out_dim, "K": inter}))
 
 
 def fused_moe_quant(kernel: str, x: torch.Tensor, experts: QuantExperts, weights: torch.Tensor,

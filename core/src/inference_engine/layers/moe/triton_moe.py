@@ -16,6 +16,7 @@ ship tuned tables. Checked against the plain reference under
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,7 +27,7 @@ from inference_engine.kernel_tuning import tuning_config
 from inference_engine.layers.moe.activation import SILU, ExpertActivation, expert_activation
 from inference_engine.layers.moe.dispatch import align_block_size
 
-__all__ = ["default_config", "fused_moe_triton", "launch_config"]
+__all__ = ["GroupedGemm", "default_config", "fused_moe_triton", "grouped_moe", "launch_config"]
 
 
 @triton.jit
@@ -125,6 +126,37 @@ def _grouped_gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias: torch
     )
 
 
+# One grouped GEMM launch of a two-GEMM MoE layer: (which, a, c, routing weights or None,
+# sorted_ids, block_expert, num_padded, rows_per_a, config); ``which`` is "gate_up" or "down".
+GroupedGemm = Callable[[str, torch.Tensor, torch.Tensor, "torch.Tensor | None", torch.Tensor,
+                        torch.Tensor, torch.Tensor, int, dict[str, Any]], None]
+
+
+def grouped_moe(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, num_experts: int,
+                up_rows: int, out_dim: int, activation: ExpertActivation, gemm: GroupedGemm,
+                config_up: dict[str, Any], config_down: dict[str, Any]) -> torch.Tensor:
+    """A layer's two grouped-GEMM launches around the activation, for any weight format.
+
+    Assignments are sorted by expert and block-aligned on the device; the first launch reads
+    each row's token (``rows_per_a = k``), the second multiplies by the routing weight, and
+    the ``k`` outputs of a token are summed. ``gemm`` launches one GEMM over the weights it
+    holds (dense here, quantized in the quant plugin).
+    """
+    t, k = ids.shape
+    sorted_ids, block_expert, num_padded = align_block_size(ids, num_experts,
+                                                            config_up["BLOCK_SIZE_M"])
+    h = torch.empty(t * k, up_rows, dtype=x.dtype, device=x.device)
+    gemm("gate_up", x, h, None, sorted_ids, block_expert, num_padded, k, config_up)
+    act = expert_activation(h, activation)
+    y = torch.empty(t * k, out_dim, dtype=x.dtype, device=x.device)
+    flat_weights = weights.reshape(-1).to(torch.float32).contiguous()
+    if config_down["BLOCK_SIZE_M"] != config_up["BLOCK_SIZE_M"]:
+        sorted_ids, block_expert, num_padded = align_block_size(ids, num_experts,
+                                                                config_down["BLOCK_SIZE_M"])
+    gemm("down", act, y, flat_weights, sorted_ids, block_expert, num_padded, 1, config_down)
+    return y.view(t, k, -1).sum(dim=1)
+
+
 def fused_moe_triton(
     x: torch.Tensor,
     gate_up: torch.Tensor,
@@ -137,21 +169,17 @@ def fused_moe_triton(
 ) -> torch.Tensor:
     """Same contract as :func:`~inference_engine.layers.moe.reference.fused_moe_reference`."""
     t, k = ids.shape
-    num_experts, two_i, hidden = gate_up.shape
-    shape = {"M": t, "N": two_i, "K": hidden, "E": num_experts, "topk": k}
-    config = launch_config(shape)
-    sorted_ids, block_expert, num_padded = align_block_size(ids, num_experts,
-                                                            config["BLOCK_SIZE_M"])
-    h = torch.empty(t * k, two_i, dtype=x.dtype, device=x.device)
-    _grouped_gemm(x, gate_up, h, gate_up_bias, None, sorted_ids, block_expert, num_padded,
-                  k, config)
-    act = expert_activation(h, activation)
-    y = torch.empty(t * k, down.shape[1], dtype=x.dtype, device=x.device)
-    flat_weights = weights.reshape(-1).to(torch.float32).contiguous()
-    config_down = launch_config({**shape, "N": down.shape[1], "K": down.shape[2]})
-    if config_down["BLOCK_SIZE_M"] != config["BLOCK_SIZE_M"]:
-        sorted_ids, block_expert, num_padded = align_block_size(
-            ids, num_experts, config_down["BLOCK_SIZE_M"])
-    _grouped_gemm(act, down, y, down_bias, flat_weights, sorted_ids, block_expert, num_padded,
-                  1, config_down)
-    return y.view(t, k, -1).sum(dim=1)
+    num_experts, up_rows, hidden = gate_up.shape
+    shape = {"M": t, "N": up_rows, "K": hidden, "E": num_experts, "topk": k}
+    operands = {"gate_up": (gate_up, gate_up_bias), "down": (down, down_bias)}
+
+    def gemm(which: str, a: torch.Tensor, c: torch.Tensor, routing: torch.Tensor | None,
+             sorted_ids: torch.Tensor, block_expert: torch.Tensor, num_padded: torch.Tensor,
+             rows_per_a: int, config: dict[str, Any]) -> None:
+        b, bias = operands[which]
+        _grouped_gemm(a, b, c, bias, routing, sorted_ids, block_expert, num_padded,
+                      rows_per_a, config)
+
+    return grouped_moe(x, ids, weights, num_experts, up_rows, down.shape[1], activation, gemm,
+                       launch_config(shape),
+                       launch_config({**shape, "N": down.shape[1], "K": down.shape[2]}))
