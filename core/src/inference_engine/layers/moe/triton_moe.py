@@ -27,19 +27,16 @@ from inference_engine.kernel_tuning import tuning_config
 from inference_engine.layers.moe.activation import SILU, ExpertActivation, expert_activation
 from inference_engine.layers.moe.dispatch import align_block_size
 
-__all__ = ["GroupedGemm", "default_config", "fused_moe_triton", "grouped_moe", "launch_config"]
+__all__ = ["GroupedGemm", "default_config", "fused_moe_triton", "grouped_moe", "launch_config",
+           "moe_block_rows", "moe_store_block"]
 
 
 @triton.jit
-def _grouped_gemm_kernel(
-    a_ptr, b_ptr, c_ptr, bias_ptr, weight_ptr, sorted_ids_ptr, block_expert_ptr,
-    num_padded_ptr, N, K, num_valid, max_padded,
-    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn, stride_bias_e,
-    ROWS_PER_A: tl.constexpr, HAS_BIAS: tl.constexpr, MUL_WEIGHT: tl.constexpr,
-    IEEE: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
-    BLOCK_SIZE_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
-):
-    """``c[r] = (a[r // ROWS_PER_A] @ b[expert(r)]^T + bias) * w[r]`` for sorted rows ``r``."""
+def moe_block_rows(sorted_ids_ptr, block_expert_ptr, num_padded_ptr, N, num_valid, max_padded,
+                   BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
+                   GROUP_SIZE_M: tl.constexpr):
+    """This program's block of expert-sorted rows and slice of output columns:
+    ``(rows, row_ok, expert, offs_n, n_ok)``. Shared by every grouped MoE GEMM kernel."""
     pid = tl.program_id(0)
     # Plain integer ceil-divisions (tl.cdiv is a jit function the interpreter cannot call
     # when triton was imported before TRITON_INTERPRET was set).
@@ -56,7 +53,6 @@ def _grouped_gemm_kernel(
     # from L2). NOTE: a mask, not an early return: the interpreter (TRITON_INTERPRET=1) of some
     # Triton versions cannot branch on a loaded value.
     num_padded = tl.load(num_padded_ptr)
-
     offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
     rows = tl.load(sorted_ids_ptr + offs_m)
     # All true or all false: num_padded is a whole number of blocks.
@@ -64,6 +60,37 @@ def _grouped_gemm_kernel(
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
     n_ok = offs_n < N
+    return rows, row_ok, expert, offs_n, n_ok
+
+
+@triton.jit
+def moe_store_block(acc, c_ptr, bias_ptr, weight_ptr, rows, row_ok, expert, offs_n, n_ok,
+                    stride_cm, stride_cn, stride_bias_e, HAS_BIAS: tl.constexpr,
+                    MUL_WEIGHT: tl.constexpr):
+    """``c[rows, offs_n] = (acc + bias[expert]) * w[rows]`` for the rows in use."""
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + expert * stride_bias_e + offs_n, mask=n_ok, other=0.0)
+        acc += bias[None, :].to(tl.float32)
+    if MUL_WEIGHT:
+        w = tl.load(weight_ptr + rows, mask=row_ok, other=0.0)
+        acc = acc * w[:, None].to(tl.float32)
+    c_ptrs = c_ptr + rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _grouped_gemm_kernel(
+    a_ptr, b_ptr, c_ptr, bias_ptr, weight_ptr, sorted_ids_ptr, block_expert_ptr,
+    num_padded_ptr, N, K, num_valid, max_padded,
+    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn, stride_bias_e,
+    ROWS_PER_A: tl.constexpr, HAS_BIAS: tl.constexpr, MUL_WEIGHT: tl.constexpr,
+    IEEE: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
+):
+    """``c[r] = (a[r // ROWS_PER_A] @ b[expert(r)]^T + bias) * w[r]`` for sorted rows ``r``."""
+    rows, row_ok, expert, offs_n, n_ok = moe_block_rows(
+        sorted_ids_ptr, block_expert_ptr, num_padded_ptr, N, num_valid, max_padded,
+        BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M)
     offs_k = tl.arange(0, BLOCK_SIZE_K)
     a_ptrs = a_ptr + (rows[:, None] // ROWS_PER_A) * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = (b_ptr + expert * stride_be + offs_k[:, None] * stride_bk
@@ -79,14 +106,8 @@ def _grouped_gemm_kernel(
             acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_SIZE_K * stride_ak
         b_ptrs += BLOCK_SIZE_K * stride_bk
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + expert * stride_bias_e + offs_n, mask=n_ok, other=0.0)
-        acc += bias[None, :].to(tl.float32)
-    if MUL_WEIGHT:
-        w = tl.load(weight_ptr + rows, mask=row_ok, other=0.0)
-        acc = acc * w[:, None].to(tl.float32)
-    c_ptrs = c_ptr + rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+    moe_store_block(acc, c_ptr, bias_ptr, weight_ptr, rows, row_ok, expert, offs_n, n_ok,
+                    stride_cm, stride_cn, stride_bias_e, HAS_BIAS, MUL_WEIGHT)
 
 
 def default_config(shape: dict[str, int]) -> dict[str, Any]:

@@ -32,6 +32,7 @@ import torch
 try:
     import triton
     import triton.language as tl
+    from inference_engine.layers.moe.triton_moe import moe_block_rows, moe_store_block
 except ImportError:  # pragma: no cover - triton is an optional extra
     triton = None
     tl = None
@@ -58,22 +59,9 @@ if HAS_TRITON:
         BLOCK_SIZE_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
     ):
         """``c[r] = (a[r // ROWS_PER_A] @ dequant(w[expert(r)])^T + bias) * rw[r]``."""
-        pid = tl.program_id(0)
-        num_pid_m = (max_padded + BLOCK_SIZE_M - 1) // BLOCK_SIZE_M
-        num_pid_n = (N + BLOCK_SIZE_N - 1) // BLOCK_SIZE_N
-        group = GROUP_SIZE_M * num_pid_n
-        first_m = (pid // group) * GROUP_SIZE_M
-        group_m = min(num_pid_m - first_m, GROUP_SIZE_M)
-        pid_m = first_m + ((pid % group) % group_m)
-        pid_n = (pid % group) // group_m
-        num_padded = tl.load(num_padded_ptr)
-
-        offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
-        rows = tl.load(sorted_ids_ptr + offs_m)
-        row_ok = (rows < num_valid) & (offs_m < num_padded)
-        expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-        offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
-        n_ok = offs_n < N
+        rows, row_ok, expert, offs_n, n_ok = moe_block_rows(
+            sorted_ids_ptr, block_expert_ptr, num_padded_ptr, N, num_valid, max_padded,
+            BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M)
         offs_k = tl.arange(0, BLOCK_SIZE_K)
         a_ptrs = a_ptr + (rows[:, None] // ROWS_PER_A) * stride_am + offs_k[None, :] * stride_ak
         w_base = w_ptr + expert * stride_we + offs_n[None, :] * stride_wn
@@ -113,14 +101,8 @@ if HAS_TRITON:
                 else:
                     acc = tl.dot(a, w, acc)
             a_ptrs += BLOCK_SIZE_K * stride_ak
-        if HAS_BIAS:
-            bias = tl.load(bias_ptr + expert * stride_bias_e + offs_n, mask=n_ok, other=0.0)
-            acc += bias[None, :].to(tl.float32)
-        if MUL_WEIGHT:
-            rw = tl.load(weight_ptr + rows, mask=row_ok, other=0.0)
-            acc = acc * rw[:, None].to(tl.float32)
-        c_ptrs = c_ptr + rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+        moe_store_block(acc, c_ptr, bias_ptr, weight_ptr, rows, row_ok, expert, offs_n, n_ok,
+                        stride_cm, stride_cn, stride_bias_e, HAS_BIAS, MUL_WEIGHT)
 
 
 def quant_grouped_gemm(
