@@ -33,11 +33,11 @@ from inference_engine.engine.model_runner import attention_layers
 from inference_engine.interfaces.attention import AttentionMetadata
 from inference_engine.interfaces.model import ModelContext
 
-__all__ = ["BACKENDS", "DENSE_CONFIGS", "MOE_CONFIGS", "PARITY_NEW_TOKENS", "PARITY_PROMPTS",
-           "TINY_CONFIGS", "Divergence", "Seq",
-           "Twin", "assert_greedy_matches", "build_twin", "first_divergence", "hf_greedy",
-           "hf_logits", "make_step", "randomize", "run_step", "saved_tensors",
-           "tiny_dense_config"]
+__all__ = ["BACKENDS", "DENSE_CONFIGS", "LOGITS_ATOL", "MOE_CONFIGS", "PARITY_NEW_TOKENS",
+           "PARITY_PROMPTS", "TINY_CONFIGS", "Divergence", "Seq",
+           "Twin", "assert_greedy_matches", "assert_logits_close", "build_twin",
+           "first_divergence", "hf_greedy", "hf_logits", "make_step", "random_tokens",
+           "randomize", "run_step", "saved_tensors", "tiny_dense_config"]
 
 BACKENDS = {"torch_sdpa": TorchSDPABackend, "paged": CpuPagedAttentionBackend}
 
@@ -275,6 +275,23 @@ def hf_greedy(model: Any, prompts: Sequence[list[int]], max_new_tokens: int) -> 
 def hf_logits(model: torch.nn.Module, token_ids: list[int]) -> torch.Tensor:
     with torch.no_grad():
         return model(torch.tensor([token_ids])).logits[0].float()
+
+
+# fp32 logits of the engine and transformers on the same weights agree to this.
+LOGITS_ATOL = 1e-4
+
+
+def random_tokens(n: int, seed: int, vocab_size: int = 256) -> list[int]:
+    """``n`` token ids drawn from a seeded generator (prompts of the parity tests)."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (n,), generator=generator).tolist()
+
+
+def assert_logits_close(ours: torch.Tensor, ref: torch.Tensor, atol: float = LOGITS_ATOL) -> None:
+    """Max abs difference within ``atol``, on reference logits large enough to mean something."""
+    assert ref.abs().max() > 0.5, "reference logits too small to compare meaningfully"
+    diff = (ours - ref).abs().max().item()
+    assert diff <= atol, f"max abs logit difference {diff:.2e} > {atol}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,8 +28,10 @@ from inference_engine.testing_parity import (
     PARITY_PROMPTS,
     Seq,
     assert_greedy_matches,
+    assert_logits_close,
     build_twin,
     hf_logits,
+    random_tokens,
     randomize,
     run_step,
     saved_tensors,
@@ -40,7 +42,6 @@ from inference_engine_models.glm_moe_dsa import GlmMoeDsaForCausalLM
 
 torch.set_flush_denormal(True)
 
-ATOL = 1e-4
 NEW_TOKENS = 24
 
 _COMMON = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
@@ -98,16 +99,6 @@ def pair(request):
     return request.param, config, hf, saved_tensors(hf)
 
 
-def tokens(n: int, seed: int) -> list[int]:
-    return torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def assert_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
-    assert ref.abs().max() > 0.5, "reference logits too small to compare meaningfully"
-    diff = (ours - ref).abs().max().item()
-    assert diff <= ATOL, f"max abs logit difference {diff:.2e} > {ATOL}"
-
-
 def ours(arch: str, config: Any, tensors: dict[str, torch.Tensor] | None,
          num_blocks: int = 16):
     return build_twin(ARCHS[arch][1], config, tensors, "paged", num_blocks=num_blocks)
@@ -115,33 +106,33 @@ def ours(arch: str, config: Any, tensors: dict[str, torch.Tensor] | None,
 
 def test_single_prefill_matches_transformers(pair):
     arch, config, hf, tensors = pair
-    ids = tokens(13, 1)
+    ids = random_tokens(13, 1)
     twin = ours(arch, config, None)
     assert twin.model.load_weights(tensors.items()) == set(tensors)  # by checkpoint name
     for module in twin.model.modules():
         if getattr(module, "quant_method", None) is not None:
             module.quant_method.process_weights_after_loading(module)
     logits = run_step(twin, [Seq(ids, 0, [5, 2, 7, 0])])
-    assert_close(logits, hf_logits(hf, ids))
+    assert_logits_close(logits, hf_logits(hf, ids))
 
 
 def test_chunked_prefill_then_mixed_decode_steps(pair):
     arch, config, hf, tensors = pair
     twin = ours(arch, config, tensors)
-    a, b = tokens(13, 4), tokens(11, 5)
+    a, b = random_tokens(13, 4), random_tokens(11, 5)
     blocks_a, blocks_b = [6, 1, 12, 4, 9], [2, 10, 7, 14]
     first = run_step(twin, [Seq(a[:12], 0, blocks_a), Seq(b[:6], 0, blocks_b)])
-    assert_close(first[:12], hf_logits(hf, a[:12]))
+    assert_logits_close(first[:12], hf_logits(hf, a[:12]))
     second = run_step(twin, [Seq(b, 6, blocks_b)])
-    assert_close(torch.cat([first[12:], second]), hf_logits(hf, b))
-    c = b + tokens(2, 6)
+    assert_logits_close(torch.cat([first[12:], second]), hf_logits(hf, b))
+    c = b + random_tokens(2, 6)
     third = run_step(twin, [Seq(a, 12, blocks_a), Seq(c, 11, blocks_b)])
-    assert_close(third[:1], hf_logits(hf, a)[12:])
-    assert_close(third[1:], hf_logits(hf, c)[11:])
-    a2, c2 = a + tokens(4, 7), c + tokens(1, 8)
+    assert_logits_close(third[:1], hf_logits(hf, a)[12:])
+    assert_logits_close(third[1:], hf_logits(hf, c)[11:])
+    a2, c2 = a + random_tokens(4, 7), c + random_tokens(1, 8)
     fourth = run_step(twin, [Seq(c2, 13, blocks_b), Seq(a2, 13, blocks_a)])
-    assert_close(fourth[:1], hf_logits(hf, c2)[13:])
-    assert_close(fourth[1:], hf_logits(hf, a2)[13:])
+    assert_logits_close(fourth[:1], hf_logits(hf, c2)[13:])
+    assert_logits_close(fourth[1:], hf_logits(hf, a2)[13:])
 
 
 def test_sigmoid_router_checkpoint_names(pair):
@@ -176,12 +167,12 @@ def test_selection_matters(pair):
     arch, config, hf, tensors = pair
     if arch not in SPARSE:
         pytest.skip("dense attention")
-    ids = tokens(24, 3)
+    ids = random_tokens(24, 3)
     sparse = run_step(ours(arch, config, tensors), [Seq(ids, 0, [5, 2, 7, 0, 9, 11])])
     dense_config = SPARSE[arch](256, index_topk=1000)
     dense = run_step(ours(arch, dense_config, tensors), [Seq(ids, 0, [5, 2, 7, 0, 9, 11])])
     assert (sparse - dense).abs().max() > 0.05
-    assert_close(sparse, hf_logits(hf, ids))
+    assert_logits_close(sparse, hf_logits(hf, ids))
 
 
 def test_long_decode_reads_only_selected_positions(pair):
@@ -190,14 +181,14 @@ def test_long_decode_reads_only_selected_positions(pair):
     if arch not in SPARSE:
         pytest.skip("dense attention")
     twin = ours(arch, config, tensors)
-    a, b = tokens(10, 21), tokens(7, 22)
+    a, b = random_tokens(10, 21), random_tokens(7, 22)
     blocks_a, blocks_b = [3, 8, 1, 12, 14, 0], [6, 2, 9, 4, 15]
     run_step(twin, [Seq(a, 0, blocks_a), Seq(b, 0, blocks_b)])
     for step in range(8):
-        a, b = a + tokens(1, 30 + step), b + tokens(1, 40 + step)
+        a, b = a + random_tokens(1, 30 + step), b + random_tokens(1, 40 + step)
         logits = run_step(twin, [Seq(b, len(b) - 1, blocks_b), Seq(a, len(a) - 1, blocks_a)])
-        assert_close(logits[:1], hf_logits(hf, b)[-1:])
-        assert_close(logits[1:], hf_logits(hf, a)[-1:])
+        assert_logits_close(logits[:1], hf_logits(hf, b)[-1:])
+        assert_logits_close(logits[1:], hf_logits(hf, a)[-1:])
 
 
 def test_fp8_indexer_changes_only_the_selection(pair):
@@ -210,11 +201,11 @@ def test_fp8_indexer_changes_only_the_selection(pair):
     fp8_config = SPARSE[arch](256, indexer_dtype="fp8")
     twin = ours(arch, fp8_config, tensors)
     assert KVCacheSpec(1, 1, 16 + 4, torch.uint8) in twin.pool.specs
-    ids = tokens(24, 3)
+    ids = random_tokens(24, 3)
     logits = run_step(twin, [Seq(ids, 0, [5, 2, 7, 0, 9, 11])])
     assert torch.isfinite(logits).all()
     top_k = config.index_topk
-    assert_close(logits[:top_k], hf_logits(hf, ids)[:top_k])
+    assert_logits_close(logits[:top_k], hf_logits(hf, ids)[:top_k])
 
 
 # --------------------------------------------------------------------------- #

@@ -29,8 +29,10 @@ from inference_engine.testing_parity import (
     PARITY_PROMPTS,
     Seq,
     assert_greedy_matches,
+    assert_logits_close,
     build_twin,
     hf_logits,
+    random_tokens,
     randomize,
     run_step,
     saved_tensors,
@@ -40,7 +42,6 @@ from transformers.models.deepseek_v4 import modeling_deepseek_v4 as hf_v4
 
 torch.set_flush_denormal(True)
 
-ATOL = 1e-4
 NEW_TOKENS = 24
 # 64 tokens of the tiny tokenizer: 8 HCA windows, 16 CSA entries, 8 sliding windows.
 LONG_PROMPT = ("The quick brown fox compresses every few tokens into one entry and keeps "
@@ -83,16 +84,6 @@ def pair():
     config = v4_config()
     hf = hf_model(config)
     return config, hf, saved_tensors(hf)
-
-
-def tokens(n: int, seed: int) -> list[int]:
-    return torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def assert_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
-    assert ref.abs().max() > 0.5, "reference logits too small to compare meaningfully"
-    diff = (ours - ref).abs().max().item()
-    assert diff <= ATOL, f"max abs logit difference {diff:.2e} > {ATOL}"
 
 
 def ours(config: Any, tensors: dict[str, torch.Tensor] | None, num_blocks: int = 64):
@@ -232,7 +223,7 @@ def test_compressor_entries_match_transformers_compressor_across_chunks(pair):
     CSA compressors run over the whole sequence."""
     config, hf, tensors = pair
     twin = ours(config, tensors)
-    ids = tokens(37, 8)
+    ids = random_tokens(37, 8)
     hidden = torch.randn(37, config.hidden_size, generator=torch.Generator().manual_seed(8))
     blocks = [9, 3, 14, 0, 7, 11, 2, 5, 13, 1]
     from inference_engine.testing_parity import make_step
@@ -262,7 +253,7 @@ def test_indexer_selection_matches_plain_reference(pair):
     """Each query keeps the ``index_topk`` best closed entries by the indexer score."""
     config, _, tensors = pair
     twin = ours(config, tensors)
-    ids = tokens(45, 9)
+    ids = random_tokens(45, 9)
     logits = run_step(twin, [Seq(ids, 0, list(range(12)))])  # fills the pool
     assert torch.isfinite(logits).all()
     attn = twin.model.model.layers[1].attn
@@ -295,21 +286,21 @@ def test_indexer_selection_matches_plain_reference(pair):
 
 def test_single_prefill_matches_transformers(pair):
     config, hf, tensors = pair
-    ids = tokens(40, 1)
+    ids = random_tokens(40, 1)
     twin = ours(config, None)
     assert twin.model.load_weights(tensors.items()) == set(tensors)  # by checkpoint name
     for module in twin.model.modules():
         if getattr(module, "quant_method", None) is not None:
             module.quant_method.process_weights_after_loading(module)
-    assert_close(run_step(twin, [Seq(ids, 0, list(range(10)))]), hf_logits(hf, ids))
+    assert_logits_close(run_step(twin, [Seq(ids, 0, list(range(10)))]), hf_logits(hf, ids))
 
 
 def test_transformers_state_dict_loads(pair):
     """transformers' in-memory names (stacked experts, self_attn/mlp modules) load too."""
     config, hf, _ = pair
     state = {k: v for k, v in hf.state_dict().items() if "rotary_emb" not in k}
-    ids = tokens(24, 14)
-    assert_close(run_step(ours(config, state), [Seq(ids, 0, list(range(6)))]),
+    ids = random_tokens(24, 14)
+    assert_logits_close(run_step(ours(config, state), [Seq(ids, 0, list(range(6)))]),
                  hf_logits(hf, ids))
 
 
@@ -322,11 +313,11 @@ def test_prefill_in_query_tiles_matches_transformers(pair, monkeypatch):
     monkeypatch.setattr(deepseek_v4, "SCORE_BUDGET", 1)
     monkeypatch.setattr(compressed_attention, "SCORE_BUDGET", 1)
     config, hf, tensors = pair
-    ids = tokens(45, 15)
+    ids = random_tokens(45, 15)
     twin = ours(config, tensors)
     first = run_step(twin, [Seq(ids[:37], 0, list(range(12)))])
     second = run_step(twin, [Seq(ids, 37, list(range(12)))])
-    assert_close(torch.cat([first, second]), hf_logits(hf, ids))
+    assert_logits_close(torch.cat([first, second]), hf_logits(hf, ids))
 
 
 def test_checkpoint_names_map_to_ours():
@@ -341,12 +332,12 @@ def test_checkpoint_names_map_to_ours():
 def test_selection_matters(pair):
     """A dense twin (every entry kept) differs; only the sparse one matches transformers."""
     config, hf, tensors = pair
-    ids = tokens(48, 3)
+    ids = random_tokens(48, 3)
     blocks = list(range(12))
     sparse = run_step(ours(config, tensors), [Seq(ids, 0, blocks)])
     dense = run_step(ours(v4_config(index_topk=1000), tensors), [Seq(ids, 0, blocks)])
     assert (sparse - dense).abs().max() > 0.05
-    assert_close(sparse, hf_logits(hf, ids))
+    assert_logits_close(sparse, hf_logits(hf, ids))
 
 
 def test_chunked_prefill_then_mixed_decode_steps(pair):
@@ -354,22 +345,22 @@ def test_chunked_prefill_then_mixed_decode_steps(pair):
     several windows: every position's logits equal transformers' whole-prompt run."""
     config, hf, tensors = pair
     twin = ours(config, tensors)
-    a, b = tokens(27, 4), tokens(22, 5)
+    a, b = random_tokens(27, 4), random_tokens(22, 5)
     blocks_a = [6, 1, 12, 4, 9, 20, 17, 25, 30, 31, 32]
     blocks_b = [2, 10, 7, 14, 22, 19, 28, 33, 34, 35]
     first = run_step(twin, [Seq(a[:13], 0, blocks_a), Seq(b[:6], 0, blocks_b)])
-    assert_close(first[:13], hf_logits(hf, a[:13]))
+    assert_logits_close(first[:13], hf_logits(hf, a[:13]))
     second = run_step(twin, [Seq(b, 6, blocks_b)])
-    assert_close(torch.cat([first[13:], second]), hf_logits(hf, b))
-    c = b + tokens(3, 6)
+    assert_logits_close(torch.cat([first[13:], second]), hf_logits(hf, b))
+    c = b + random_tokens(3, 6)
     third = run_step(twin, [Seq(a, 13, blocks_a), Seq(c, 22, blocks_b)])
-    assert_close(third[:14], hf_logits(hf, a)[13:])
-    assert_close(third[14:], hf_logits(hf, c)[22:])
+    assert_logits_close(third[:14], hf_logits(hf, a)[13:])
+    assert_logits_close(third[14:], hf_logits(hf, c)[22:])
     for step in range(6):  # a closes CSA and HCA windows on the way, c a CSA one
-        a, c = a + tokens(1, 30 + step), c + tokens(1, 40 + step)
+        a, c = a + random_tokens(1, 30 + step), c + random_tokens(1, 40 + step)
         logits = run_step(twin, [Seq(c, len(c) - 1, blocks_b), Seq(a, len(a) - 1, blocks_a)])
-        assert_close(logits[:1], hf_logits(hf, c)[-1:])
-        assert_close(logits[1:], hf_logits(hf, a)[-1:])
+        assert_logits_close(logits[:1], hf_logits(hf, c)[-1:])
+        assert_logits_close(logits[1:], hf_logits(hf, a)[-1:])
 
 
 def test_prefix_blocks_carry_partial_window_state(pair):
@@ -377,12 +368,12 @@ def test_prefix_blocks_carry_partial_window_state(pair):
     prefix cache's block-aligned reuse) continues from the inputs and entries stored there."""
     config, hf, tensors = pair
     twin = ours(config, tensors)
-    a = tokens(30, 11)
+    a = random_tokens(30, 11)
     blocks_a = [3, 8, 1, 12, 5, 9, 14, 2]
     run_step(twin, [Seq(a, 0, blocks_a)])
-    b = a[:12] + tokens(18, 12)
+    b = a[:12] + random_tokens(18, 12)
     logits = run_step(twin, [Seq(b, 12, blocks_a[:3] + [20, 21, 22, 23, 24])])
-    assert_close(logits, hf_logits(hf, b)[12:])
+    assert_logits_close(logits, hf_logits(hf, b)[12:])
 
 
 def test_layers_keep_graphs_off(pair):

@@ -29,8 +29,10 @@ from inference_engine.testing_parity import (
     PARITY_PROMPTS,
     Seq,
     assert_greedy_matches,
+    assert_logits_close,
     build_twin,
     hf_logits,
+    random_tokens,
     randomize,
     run_step,
     saved_tensors,
@@ -43,7 +45,6 @@ from transformers.models.minimax_m3_vl import modeling_minimax_m3_vl as hf_m3
 
 torch.set_flush_denormal(True)
 
-ATOL = 1e-4
 NEW_TOKENS = 24
 # A prompt of several index blocks (4 tokens each): a few sentences of the tiny tokenizer.
 LONG_PROMPT = ("The quick brown fox jumps over the lazy dog while the model keeps only a few "
@@ -81,16 +82,6 @@ def pair():
     return config, hf, saved_tensors(hf)
 
 
-def tokens(n: int, seed: int) -> list[int]:
-    return torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def assert_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
-    assert ref.abs().max() > 0.5, "reference logits too small to compare meaningfully"
-    diff = (ours - ref).abs().max().item()
-    assert diff <= ATOL, f"max abs logit difference {diff:.2e} > {ATOL}"
-
-
 def ours(config: Any, tensors: dict[str, torch.Tensor] | None, num_blocks: int = 32):
     return build_twin(MiniMaxM3VLForCausalLM, config, tensors, "paged", num_blocks=num_blocks)
 
@@ -120,7 +111,7 @@ def test_indexer_selection_matches_transformers_indexer(pair):
     """Our selection for one prompt equals transformers' MiniMaxM3VLIndexer output."""
     config, hf, tensors = pair
     layer = hf.model.layers[1].self_attn
-    ids = torch.tensor([tokens(30, 9)])
+    ids = torch.tensor([random_tokens(30, 9)])
     with torch.no_grad():
         hidden = hf.model.layers[1].input_layernorm(hf.model.embed_tokens(ids))
         position_ids = torch.arange(30)[None]
@@ -256,7 +247,7 @@ def test_fp8_indexer_scores_quantised_queries_and_keys(pair):
     config, hf, tensors = pair
     twin = ours(m3_config(indexer_dtype="fp8"), tensors)
     assert KVCacheSpec(1, 1, 16 + 4, torch.uint8) in twin.pool.specs
-    ids = tokens(30, 9)
+    ids = random_tokens(30, 9)
     _, positions, metadata = make_step([Seq(ids, 0, list(range(8)))])
     indexer = twin.model.model.layers[1].self_attn.indexer
     hidden = torch.randn(30, config.hidden_size, generator=torch.Generator().manual_seed(4))
@@ -275,7 +266,7 @@ def test_fp8_indexer_scores_quantised_queries_and_keys(pair):
     logits = run_step(twin, [Seq(ids, 0, list(range(8)))])
     assert torch.isfinite(logits).all()
     fits = 4 * config.index_topk_blocks
-    assert_close(logits[:fits], hf_logits(hf, ids)[:fits])
+    assert_logits_close(logits[:fits], hf_logits(hf, ids)[:fits])
 
 
 # --------------------------------------------------------------------------- #
@@ -285,14 +276,14 @@ def test_fp8_indexer_scores_quantised_queries_and_keys(pair):
 
 def test_single_prefill_matches_transformers(pair):
     config, hf, tensors = pair
-    ids = tokens(30, 1)
+    ids = random_tokens(30, 1)
     twin = ours(config, None)
     assert twin.model.load_weights(tensors.items()) == set(tensors)  # by checkpoint name
     for module in twin.model.modules():
         if getattr(module, "quant_method", None) is not None:
             module.quant_method.process_weights_after_loading(module)
     logits = run_step(twin, [Seq(ids, 0, [5, 2, 7, 0, 9, 11, 3, 14])])
-    assert_close(logits, hf_logits(hf, ids))
+    assert_logits_close(logits, hf_logits(hf, ids))
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -322,32 +313,32 @@ def test_sparse_layers_cache_an_indexer_key_per_token(pair):
 def test_selection_matters(pair):
     """A dense twin (all blocks kept) differs; only the sparse one matches transformers."""
     config, hf, tensors = pair
-    ids = tokens(40, 3)
+    ids = random_tokens(40, 3)
     blocks = [5, 2, 7, 0, 9, 11, 3, 14, 1, 8]
     sparse = run_step(ours(config, tensors), [Seq(ids, 0, blocks)])
     dense = run_step(ours(m3_config(index_topk_blocks=1000), tensors), [Seq(ids, 0, blocks)])
     assert (sparse - dense).abs().max() > 0.05
-    assert_close(sparse, hf_logits(hf, ids))
+    assert_logits_close(sparse, hf_logits(hf, ids))
 
 
 def test_chunked_prefill_then_mixed_decode_steps(pair):
     config, hf, tensors = pair
     twin = ours(config, tensors)
-    a, b = tokens(21, 4), tokens(17, 5)
+    a, b = random_tokens(21, 4), random_tokens(17, 5)
     blocks_a, blocks_b = [6, 1, 12, 4, 9, 20, 17, 25], [2, 10, 7, 14, 22, 19, 28]
     first = run_step(twin, [Seq(a[:14], 0, blocks_a), Seq(b[:6], 0, blocks_b)])
-    assert_close(first[:14], hf_logits(hf, a[:14]))
+    assert_logits_close(first[:14], hf_logits(hf, a[:14]))
     second = run_step(twin, [Seq(b, 6, blocks_b)])
-    assert_close(torch.cat([first[14:], second]), hf_logits(hf, b))
-    c = b + tokens(2, 6)
+    assert_logits_close(torch.cat([first[14:], second]), hf_logits(hf, b))
+    c = b + random_tokens(2, 6)
     third = run_step(twin, [Seq(a, 14, blocks_a), Seq(c, 17, blocks_b)])
-    assert_close(third[:7], hf_logits(hf, a)[14:])
-    assert_close(third[7:], hf_logits(hf, c)[17:])
+    assert_logits_close(third[:7], hf_logits(hf, a)[14:])
+    assert_logits_close(third[7:], hf_logits(hf, c)[17:])
     for step in range(6):  # decodes past the kept blocks: the gathered sparse path
-        a, c = a + tokens(1, 30 + step), c + tokens(1, 40 + step)
+        a, c = a + random_tokens(1, 30 + step), c + random_tokens(1, 40 + step)
         logits = run_step(twin, [Seq(c, len(c) - 1, blocks_b), Seq(a, len(a) - 1, blocks_a)])
-        assert_close(logits[:1], hf_logits(hf, c)[-1:])
-        assert_close(logits[1:], hf_logits(hf, a)[-1:])
+        assert_logits_close(logits[:1], hf_logits(hf, c)[-1:])
+        assert_logits_close(logits[1:], hf_logits(hf, a)[-1:])
 
 
 def vl_model(vocab: int = 256, std: float = 0.15, **text_overrides: Any) -> Any:
@@ -379,9 +370,9 @@ def test_vl_checkpoint_runs_text_only():
     for module in twin.model.modules():
         if getattr(module, "quant_method", None) is not None:
             module.quant_method.process_weights_after_loading(module)
-    ids = tokens(26, 12)
+    ids = random_tokens(26, 12)
     logits = run_step(twin, [Seq(ids, 0, list(range(7)))])
-    assert_close(logits, hf_logits(hf, ids))
+    assert_logits_close(logits, hf_logits(hf, ids))
 
 
 def test_original_checkpoint_names_load(pair):
@@ -409,8 +400,8 @@ def test_original_checkpoint_names_load(pair):
         else:
             original[new] = tensor
     twin = ours(config, original)
-    ids = tokens(22, 13)
-    assert_close(run_step(twin, [Seq(ids, 0, list(range(6)))]), hf_logits(hf, ids))
+    ids = random_tokens(22, 13)
+    assert_logits_close(run_step(twin, [Seq(ids, 0, list(range(6)))]), hf_logits(hf, ids))
 
 
 # --------------------------------------------------------------------------- #

@@ -21,8 +21,10 @@ from inference_engine.layers import Attention
 from inference_engine.testing_parity import (
     Seq,
     Twin,
+    assert_logits_close,
     build_twin,
     hf_logits,
+    random_tokens,
     run_step,
     tiny_dense_config,
 )
@@ -81,7 +83,6 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3": ("qwen3", {"head_dim": 32}),
 }
 
-ATOL = 1e-4
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -93,55 +94,45 @@ def pair(request):
     return request.param, arch, config, hf, hf.state_dict()
 
 
-def tokens(n: int, seed: int) -> list[int]:
-    return torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def assert_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
-    assert ref.abs().max() > 0.5, "reference logits too small to compare meaningfully"
-    diff = (ours - ref).abs().max().item()
-    assert diff <= ATOL, f"max abs logit difference {diff:.2e} > {ATOL}"
-
-
 def test_single_prefill_matches_transformers(pair):
     _, arch, config, hf, state = pair
     twin = build_ours(arch, config, state)
-    ids = tokens(13, 1)
+    ids = random_tokens(13, 1)
     logits = run_step(twin, [Seq(ids, 0, [5, 2, 7, 0])])
     assert logits.dtype == torch.float32 and logits.shape == (13, config.vocab_size)
-    assert_close(logits, hf_logits(hf, ids))
+    assert_logits_close(logits, hf_logits(hf, ids))
 
 
 @pytest.mark.parametrize("backend", list(BACKENDS))
 def test_two_sequences_in_one_flat_batch(pair, backend):
     _, arch, config, hf, state = pair
     twin = build_ours(arch, config, state, backend)
-    a, b = tokens(9, 2), tokens(6, 3)
+    a, b = random_tokens(9, 2), random_tokens(6, 3)
     logits = run_step(twin, [Seq(a, 0, [3, 9, 1]), Seq(b, 0, [8, 0])])
-    assert_close(logits[:9], hf_logits(hf, a))
-    assert_close(logits[9:], hf_logits(hf, b))
+    assert_logits_close(logits[:9], hf_logits(hf, a))
+    assert_logits_close(logits[9:], hf_logits(hf, b))
 
 
 @pytest.mark.parametrize("backend", list(BACKENDS))
 def test_chunked_prefill_then_mixed_decode_step(pair, backend):
     _, arch, config, hf, state = pair
     twin = build_ours(arch, config, state, backend)
-    a, b = tokens(13, 4), tokens(11, 5)
+    a, b = random_tokens(13, 4), random_tokens(11, 5)
     blocks_a, blocks_b = [6, 1, 12, 4], [2, 10, 7, 14]
     # Step 1: a whole, b's first chunk. Step 2: b's second chunk, using the cache.
     first = run_step(twin, [Seq(a[:12], 0, blocks_a), Seq(b[:6], 0, blocks_b)])
     second = run_step(twin, [Seq(b, 6, blocks_b)])
-    assert_close(torch.cat([first[12:], second]), hf_logits(hf, b))
+    assert_logits_close(torch.cat([first[12:], second]), hf_logits(hf, b))
     # Step 3: a decodes (decodes come first) while b prefills 2 more tokens.
-    c = b + tokens(2, 6)
+    c = b + random_tokens(2, 6)
     third = run_step(twin, [Seq(a, 12, blocks_a), Seq(c, 11, blocks_b)])
-    assert_close(third[:1], hf_logits(hf, a)[12:])
-    assert_close(third[1:], hf_logits(hf, c)[11:])
+    assert_logits_close(third[:1], hf_logits(hf, a)[12:])
+    assert_logits_close(third[1:], hf_logits(hf, c)[11:])
     # Step 4: both decode one token.
-    a2, c2 = a + tokens(1, 7), c + tokens(1, 8)
+    a2, c2 = a + random_tokens(1, 7), c + random_tokens(1, 8)
     fourth = run_step(twin, [Seq(a2, 13, blocks_a), Seq(c2, 13, blocks_b)])
-    assert_close(fourth[:1], hf_logits(hf, a2)[13:])
-    assert_close(fourth[1:], hf_logits(hf, c2)[13:])
+    assert_logits_close(fourth[:1], hf_logits(hf, a2)[13:])
+    assert_logits_close(fourth[1:], hf_logits(hf, c2)[13:])
 
 
 # --------------------------------------------------------------------------- #

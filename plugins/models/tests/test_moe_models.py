@@ -29,8 +29,10 @@ from inference_engine.testing_parity import (
     PARITY_PROMPTS,
     Seq,
     assert_greedy_matches,
+    assert_logits_close,
     build_twin,
     hf_logits,
+    random_tokens,
     randomize,
     run_step,
     saved_tensors,
@@ -44,7 +46,6 @@ from inference_engine_models.qwen3_moe import Qwen3MoeForCausalLM
 
 torch.set_flush_denormal(True)
 
-ATOL = 1e-4
 
 
 # The tiny configs (2 layers, 8 experts, top-2, hidden 64) live in testing_parity.MOE_CONFIGS.
@@ -69,16 +70,6 @@ def pair(request):
     return request.param, config, hf, saved_tensors(hf)
 
 
-def tokens(n: int, seed: int) -> list[int]:
-    return torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def assert_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
-    assert ref.abs().max() > 0.5, "reference logits too small to compare meaningfully"
-    diff = (ours - ref).abs().max().item()
-    assert diff <= ATOL, f"max abs logit difference {diff:.2e} > {ATOL}"
-
-
 def ours(arch: str, config: Any, tensors: dict[str, torch.Tensor], backend: str = "torch_sdpa"):
     return build_twin(ARCHS[arch][1], config, tensors, backend)
 
@@ -99,7 +90,7 @@ def test_checkpoint_has_per_expert_tensors(pair):
 
 def test_single_prefill_matches_transformers(pair):
     arch, config, hf, tensors = pair
-    ids = tokens(13, 1)
+    ids = random_tokens(13, 1)
     twin = ours(arch, config, None)
     assert twin.model.load_weights(tensors.items()) == set(tensors)  # by checkpoint name
     for module in twin.model.modules():
@@ -107,7 +98,7 @@ def test_single_prefill_matches_transformers(pair):
             module.quant_method.process_weights_after_loading(module)
     logits = run_step(twin, [Seq(ids, 0, [5, 2, 7, 0])])
     assert logits.shape == (13, config.vocab_size)
-    assert_close(logits, hf_logits(hf, ids))
+    assert_logits_close(logits, hf_logits(hf, ids))
 
 
 def test_stacked_state_dict_loads_too(pair):
@@ -115,29 +106,29 @@ def test_stacked_state_dict_loads_too(pair):
     if arch == "minimax_m2":
         pytest.skip("transformers renames MiniMax-M2's block_sparse_moe to mlp in memory only")
     state = {k: v for k, v in hf.state_dict().items()}
-    ids = tokens(7, 9)
+    ids = random_tokens(7, 9)
     logits = run_step(ours(arch, config, state), [Seq(ids, 0, [1, 2])])
-    assert_close(logits, hf_logits(hf, ids))
+    assert_logits_close(logits, hf_logits(hf, ids))
 
 
 @pytest.mark.parametrize("backend", list(BACKENDS))
 def test_chunked_prefill_then_mixed_decode_step(pair, backend):
     arch, config, hf, tensors = pair
     twin = ours(arch, config, tensors, backend)
-    a, b = tokens(13, 4), tokens(11, 5)
+    a, b = random_tokens(13, 4), random_tokens(11, 5)
     blocks_a, blocks_b = [6, 1, 12, 4], [2, 10, 7, 14]
     first = run_step(twin, [Seq(a[:12], 0, blocks_a), Seq(b[:6], 0, blocks_b)])
-    assert_close(first[:12], hf_logits(hf, a[:12]))
+    assert_logits_close(first[:12], hf_logits(hf, a[:12]))
     second = run_step(twin, [Seq(b, 6, blocks_b)])
-    assert_close(torch.cat([first[12:], second]), hf_logits(hf, b))
-    c = b + tokens(2, 6)
+    assert_logits_close(torch.cat([first[12:], second]), hf_logits(hf, b))
+    c = b + random_tokens(2, 6)
     third = run_step(twin, [Seq(a, 12, blocks_a), Seq(c, 11, blocks_b)])
-    assert_close(third[:1], hf_logits(hf, a)[12:])
-    assert_close(third[1:], hf_logits(hf, c)[11:])
-    a2, c2 = a + tokens(1, 7), c + tokens(1, 8)
+    assert_logits_close(third[:1], hf_logits(hf, a)[12:])
+    assert_logits_close(third[1:], hf_logits(hf, c)[11:])
+    a2, c2 = a + random_tokens(1, 7), c + random_tokens(1, 8)
     fourth = run_step(twin, [Seq(a2, 13, blocks_a), Seq(c2, 13, blocks_b)])
-    assert_close(fourth[:1], hf_logits(hf, a2)[13:])
-    assert_close(fourth[1:], hf_logits(hf, c2)[13:])
+    assert_logits_close(fourth[:1], hf_logits(hf, a2)[13:])
+    assert_logits_close(fourth[1:], hf_logits(hf, c2)[13:])
 
 
 PER_EXPERT_NAME = {
@@ -166,8 +157,8 @@ def test_mla_caches_the_latent_and_both_decode_paths_agree():
     torch.manual_seed(0)
     hf = randomize(transformers.AutoModelForCausalLM.from_config(config))
     tensors = saved_tensors(hf)
-    a, b = tokens(9, 11), tokens(6, 12)
-    a2, b2 = a + tokens(1, 13), b + tokens(1, 14)
+    a, b = random_tokens(9, 11), random_tokens(6, 12)
+    a2, b2 = a + random_tokens(1, 13), b + random_tokens(1, 14)
     results = {}
     for path in ("absorbed", "expand"):
         twin = build_twin(DeepseekV2ForCausalLM, config, tensors, "paged")
@@ -180,8 +171,8 @@ def test_mla_caches_the_latent_and_both_decode_paths_agree():
         run_step(twin, [Seq(a, 0, [3, 5, 7]), Seq(b, 0, [8, 2])])
         results[path] = run_step(twin, [Seq(a2, 9, [3, 5, 7]), Seq(b2, 6, [8, 2])])
     torch.testing.assert_close(results["absorbed"], results["expand"], atol=1e-5, rtol=1e-5)
-    assert_close(results["absorbed"][:1], hf_logits(hf, a2)[-1:])
-    assert_close(results["absorbed"][1:], hf_logits(hf, b2)[-1:])
+    assert_logits_close(results["absorbed"][:1], hf_logits(hf, a2)[-1:])
+    assert_logits_close(results["absorbed"][1:], hf_logits(hf, b2)[-1:])
 
 
 # --------------------------------------------------------------------------- #
