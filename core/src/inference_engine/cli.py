@@ -7,18 +7,24 @@ from typing import Annotated, Optional
 
 import typer
 
+from inference_engine import __version__
 from inference_engine.cli_config_file import ConfigFileOption
 from inference_engine.cli_options import (
     AsyncSchedulingOption,
+    DequantizeAtLoadOption,
     EnableLoRAOption,
     EnforceEagerOption,
     GpuMemoryUtilizationOption,
     HfOverridesOption,
     IndexerDtypeOption,
+    KvCacheDtypeOption,
     LoRAModulesOption,
     MaxCpuLoRAsOption,
     MaxLoRARankOption,
     MaxLoRAsOption,
+    PlatformOption,
+    QuantizationOption,
+    QuantOptionOption,
     SpeculativeConfigOption,
 )
 from inference_engine.cli_parallel import (
@@ -30,8 +36,6 @@ from inference_engine.cli_parallel import (
     parallel_kwargs,
 )
 from inference_engine.cli_values import model_config_overrides, parse_key_values
-
-from inference_engine import __version__
 
 app = typer.Typer(
     name="inference-engine",
@@ -120,9 +124,7 @@ def generate(
     attention_backend: Annotated[str, typer.Option(
         help="Registered attention backend, or auto: the platform's best that supports each "
              "layer (triton on GPUs, cpu_paged on CPU).")] = "auto",
-    kv_cache_dtype: Annotated[str, typer.Option(
-        help="KV cache type: auto (a bfloat16 model caches bfloat16), float32, bfloat16 or fp8 "
-             "(e4m3, on backends that support it).")] = "auto",
+    kv_cache_dtype: KvCacheDtypeOption = "auto",
     block_size: Annotated[int, typer.Option(min=1, help="Tokens per KV block.")] = 16,
     kv_cache_memory: Annotated[Optional[int], typer.Option(help="KV pool bytes.")] = None,
     gpu_memory_utilization: GpuMemoryUtilizationOption = 0.9,
@@ -130,13 +132,9 @@ def generate(
     async_scheduling: AsyncSchedulingOption = None,
     ignore_eos: Annotated[bool, typer.Option(help="Do not stop at EOS.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per prompt per line.")] = False,
-    quantization: Annotated[Optional[str], typer.Option(
-        help="Quantization method (fp8, ptpc_fp8, ...); default: the checkpoint's own.")] = None,
-    dequantize_at_load: Annotated[bool, typer.Option(
-        help="Dequantize packed (FP4/FP8) weights once at load: faster on CPU, bf16 memory.")] = False,
-    quant_option: Annotated[Optional[list[str]], typer.Option(
-        help="KEY=VALUE setting of the quantization method, repeatable "
-             "(gguf: activations=q8|float, accumulate=float64).")] = None,
+    quantization: QuantizationOption = None,
+    dequantize_at_load: DequantizeAtLoadOption = False,
+    quant_option: QuantOptionOption = None,
     tensor_parallel_size: TensorParallelSizeOption = 1,
     data_parallel_size: DataParallelSizeOption = 1,
     enable_expert_parallel: EnableExpertParallelOption = False,
@@ -145,7 +143,7 @@ def generate(
     device_ids: Annotated[Optional[str], typer.Option(
         help="Device index to use, e.g. 1, or one per rank, e.g. 0,1 with -tp 2 "
              "(CUDA_VISIBLE_DEVICES is not touched).")] = None,
-    platform: Annotated[Optional[str], typer.Option(help="Force a platform by name.")] = None,
+    platform: PlatformOption = None,
     hf_overrides: HfOverridesOption = None,
     indexer_dtype: IndexerDtypeOption = None,
     speculative_config: SpeculativeConfigOption = None,
@@ -298,16 +296,10 @@ def serve(
     attention_backend: Annotated[str, typer.Option(
         help="Registered attention backend, or auto: the platform's best that supports each "
              "layer (triton on GPUs, cpu_paged on CPU).")] = "auto",
-    kv_cache_dtype: Annotated[str, typer.Option(
-        help="KV cache type: auto (a bfloat16 model caches bfloat16), float32, bfloat16 or fp8 "
-             "(e4m3, on backends that support it).")] = "auto",
-    quantization: Annotated[Optional[str], typer.Option(
-        help="Quantization method (fp8, ptpc_fp8, ...); default: the checkpoint's own.")] = None,
-    dequantize_at_load: Annotated[bool, typer.Option(
-        help="Dequantize packed (FP4/FP8) weights once at load: faster on CPU, bf16 memory.")] = False,
-    quant_option: Annotated[Optional[list[str]], typer.Option(
-        help="KEY=VALUE setting of the quantization method, repeatable "
-             "(gguf: activations=q8|float, accumulate=float64).")] = None,
+    kv_cache_dtype: KvCacheDtypeOption = "auto",
+    quantization: QuantizationOption = None,
+    dequantize_at_load: DequantizeAtLoadOption = False,
+    quant_option: QuantOptionOption = None,
     tensor_parallel_size: TensorParallelSizeOption = 1,
     data_parallel_size: DataParallelSizeOption = 1,
     enable_expert_parallel: EnableExpertParallelOption = False,
@@ -316,7 +308,7 @@ def serve(
     device_ids: Annotated[Optional[str], typer.Option(
         help="Comma-separated device indices to use, one per rank (CUDA_VISIBLE_DEVICES is "
              "not touched).")] = None,
-    platform: Annotated[Optional[str], typer.Option(help="Force a platform by name.")] = None,
+    platform: PlatformOption = None,
     seed: Annotated[int, typer.Option(help="Base seed for unseeded requests.")] = 0,
     enable_lora: EnableLoRAOption = False,
     lora_modules: LoRAModulesOption = None,

@@ -6,10 +6,11 @@ from typing import Annotated, Optional
 
 import typer
 
-__all__ = ["AsyncSchedulingOption", "EnableLoRAOption", "EnforceEagerOption",
-           "GpuMemoryUtilizationOption", "HfOverridesOption", "IndexerDtypeOption",
-           "LoRAModulesOption", "MaxCpuLoRAsOption", "MaxLoRARankOption", "MaxLoRAsOption",
-           "SpeculativeConfigOption"]
+__all__ = ["AsyncSchedulingOption", "DequantizeAtLoadOption", "EnableLoRAOption",
+           "EnforceEagerOption", "GpuMemoryUtilizationOption", "HfOverridesOption",
+           "IndexerDtypeOption", "KvCacheDtypeOption", "LoRAModulesOption", "MaxCpuLoRAsOption",
+           "MaxLoRARankOption", "MaxLoRAsOption", "PlatformOption", "QuantOptionOption",
+           "QuantizationOption", "SpeculativeConfigOption"]
 
 GpuMemoryUtilizationOption = Annotated[float, typer.Option(
     min=0.0, max=1.0, help="Fraction of GPU memory the engine may use; the KV cache gets "
@@ -40,3 +41,15 @@ SpeculativeConfigOption = Annotated[Optional[str], typer.Option(  # noqa: UP045
 MaxLoRARankOption = Annotated[int, typer.Option(min=1, help="The largest LoRA rank accepted.")]
 MaxCpuLoRAsOption = Annotated[Optional[int], typer.Option(  # noqa: UP045
     min=1, help="LoRA adapters kept in host memory; default: --max-loras.")]
+KvCacheDtypeOption = Annotated[str, typer.Option(
+    help="KV cache type: auto (a bfloat16 model caches bfloat16), float32, bfloat16 or fp8 "
+         "(e4m3, on backends that support it).")]
+QuantizationOption = Annotated[Optional[str], typer.Option(  # noqa: UP045
+    help="Quantization method (fp8, ptpc_fp8, ...); default: the checkpoint's own.")]
+DequantizeAtLoadOption = Annotated[bool, typer.Option(
+    help="Dequantize packed (FP4/FP8) weights once at load: faster on CPU, bf16 memory.")]
+QuantOptionOption = Annotated[Optional[list[str]], typer.Option(  # noqa: UP045
+    help="KEY=VALUE setting of the quantization method, repeatable "
+         "(gguf: activations=q8|float, accumulate=float64).")]
+PlatformOption = Annotated[Optional[str], typer.Option(  # noqa: UP045
+    help="Force a platform by name.")]

@@ -20,6 +20,10 @@ from inference_engine.cli_options import (
     AsyncSchedulingOption,
     EnforceEagerOption,
     GpuMemoryUtilizationOption,
+    KvCacheDtypeOption,
+    PlatformOption,
+    QuantizationOption,
+    QuantOptionOption,
     SpeculativeConfigOption,
 )
 from inference_engine.cli_values import parse_key_values
@@ -128,21 +132,15 @@ def bench_command(
         min=1, help="Most sequences per step; default 256 on GPUs, 128 on CPU.")] = None,
     kv_cache_memory: Annotated[Optional[int], typer.Option(  # noqa: UP045 - typer needs Optional
         help="KV pool bytes; default a share of free memory.")] = None,
-    kv_cache_dtype: Annotated[str, typer.Option(
-        help="KV cache type: auto (a bfloat16 model caches bfloat16), float32, bfloat16 or "
-             "fp8.")] = "auto",
+    kv_cache_dtype: KvCacheDtypeOption = "auto",
     gpu_memory_utilization: GpuMemoryUtilizationOption = 0.9,
     enforce_eager: EnforceEagerOption = False,
     async_scheduling: AsyncSchedulingOption = None,
-    quantization: Annotated[Optional[str], typer.Option(  # noqa: UP045
-        help="Registered quantization method.")] = None,
-    quant_option: Annotated[Optional[list[str]], typer.Option(  # noqa: UP045
-        help="KEY=VALUE setting of the quantization method, repeatable "
-             "(gguf: activations=q8|float, accumulate=float64).")] = None,
+    quantization: QuantizationOption = None,
+    quant_option: QuantOptionOption = None,
     device_ids: Annotated[Optional[str], typer.Option(  # noqa: UP045
         help="Device index to use, e.g. 1 (CUDA_VISIBLE_DEVICES is not touched).")] = None,
-    platform: Annotated[Optional[str], typer.Option(  # noqa: UP045
-        help="Force a platform by name.")] = None,
+    platform: PlatformOption = None,
     speculative_config: SpeculativeConfigOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
