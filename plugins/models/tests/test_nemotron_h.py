@@ -266,6 +266,131 @@ def test_engine_n2_seeded_equals_two_single_requests(saved):
     assert singles[0] != singles[1]
 
 
+# --------------------------------------------------------------------------- #
+# n > 1: the first sample computes the prompt, the others fork from it.
+# --------------------------------------------------------------------------- #
+
+GREEDY_N3 = SamplingParams(n=3, temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+
+
+def record_prompt_tokens(llm: Any, num_prompt_tokens: int) -> list[int]:
+    """Count, in every forward the model runs, the tokens computed at prompt positions
+    (``num_prompt_tokens``: the prompt length of every request the engine runs)."""
+    counts: list[int] = []
+    runner = llm.engine.runner
+    execute = runner.execute_batch
+
+    def execute_and_count(batch: Any) -> Any:
+        counts.append(sum(max(0, min(c + q, num_prompt_tokens) - c)
+                          for c, q in zip(batch.num_computed, batch.query_lens, strict=True)))
+        return execute(batch)
+
+    runner.execute_batch = execute_and_count
+    return counts
+
+
+@pytest.mark.parametrize("budget, async_scheduling", [(512, False), (8, True)])
+def test_engine_n3_greedy_computes_the_prompt_once(saved, budget, async_scheduling):
+    """Each of 3 greedy samples equals transformers' greedy continuation while the model
+    computes the 152 prompt tokens once (not 3 times): the siblings take the first sample's
+    blocks and state at its prompt's end, also when the prompt runs in 8-token chunks."""
+    path, _, tokenizer, _ = saved
+    # Blocks of 16: the 152-token prompt ends in a partial block, which each sibling copies.
+    llm = cpu_llm(path, dtype="float32", block_size=16, max_num_batched_tokens=budget,
+                  async_scheduling=async_scheduling)
+    num_prompt = len(tokenizer.encode(LONG_PROMPT))
+    assert num_prompt % 16
+    counts = record_prompt_tokens(llm, num_prompt)
+    params = GREEDY_N3.clone()
+    params.logprobs = 0
+    (out,) = llm.generate([LONG_PROMPT], params)
+    assert sum(counts) == num_prompt, f"prompt tokens computed: {sum(counts)}"
+    # Each sample's logprobs equal transformers' over its tokens: the siblings' copied
+    # state and partial block carry the whole prompt (greedy tokens alone can miss a
+    # small error).
+    for sample in out.outputs:
+        ids = out.prompt_token_ids + list(sample.token_ids)
+        ref = torch.log_softmax(hf_logits(saved[1], ids[:-1]), -1)[len(out.prompt_token_ids) - 1:]
+        ours = torch.tensor([entry[t].logprob for entry, t in zip(sample.logprobs,
+                                                                  sample.token_ids, strict=True)])
+        expected = ref.gather(1, torch.tensor(sample.token_ids)[:, None])[:, 0]
+        assert (ours - expected).abs().max() <= ATOL, sample.index
+    stats = llm.engine.stats()
+    assert stats["num_forked_samples"] == 2 and stats["num_samples_awaiting_fork"] == 0
+    assert llm.engine.state_slots.num_free_slots == llm.engine.state_slots.num_slots
+    assert llm.engine.blocks.num_free_blocks == llm.engine.blocks.num_blocks - 1
+    assert_engine_matches(saved, [LONG_PROMPT] * 3, [_single(out, i) for i in range(3)])
+
+
+def _single(out: Any, index: int) -> Any:
+    """``out`` with only its ``index``-th sample, for assert_engine_matches."""
+    return type("One", (), {"prompt_token_ids": out.prompt_token_ids,
+                            "outputs": [out.outputs[index]]})()
+
+
+def test_engine_n3_greedy_with_forced_preemption(saved):
+    """A long request and an n = 3 group in a pool too small for all: forked samples are
+    preempted and recompute their prompt and outputs alone; every sample still equals
+    transformers' greedy continuation."""
+    path, hf, _, _ = saved
+    probe = build_twin(NemotronHForCausalLM, hf.config, None).model
+    block_bytes = KVCachePool.bytes_per_block_for(
+        [layer.kv_cache_spec() for layer in attention_layers(probe)], 4)
+    slot_bytes = StateCachePool.bytes_per_slot_for(
+        [layer.state_cache_spec() for layer in state_layers(probe)])
+    llm = cpu_llm(path, dtype="float32", block_size=4, max_num_batched_tokens=8, max_num_seqs=4,
+                  kv_cache_memory=4 * slot_bytes + 47 * block_bytes)
+    scheduler = llm.engine.scheduler
+    preempt, victims = scheduler._preempt, []
+    scheduler._preempt = lambda request: (victims.append(request.request_id), preempt(request))
+    prompt = PARITY_PROMPTS[0]
+    long_out, out = llm.generate([LONG_PROMPT, prompt], [GREEDY, GREEDY_N3])
+    assert llm.engine.num_forked_samples == 2
+    assert any(v.endswith(("#1", "#2")) for v in victims), f"no fork preempted: {victims}"
+    assert llm.engine.state_slots.num_free_slots == 4
+    assert_engine_matches(saved, [LONG_PROMPT] + [prompt] * 3,
+                          [long_out] + [_single(out, i) for i in range(3)])
+
+
+def test_engine_n3_first_sample_preempted_or_aborted_before_its_prompt_ends(saved):
+    """The first sample preempted mid-prompt recomputes it and its siblings still fork from
+    it; the first sample aborted mid-prompt leaves its siblings to compute the prompt
+    themselves. Every sample that runs equals transformers' greedy continuation."""
+    path, _, tokenizer, refs = saved
+    llm = cpu_llm(path, dtype="float32", block_size=4, max_num_batched_tokens=8)
+    engine = llm.engine
+    outputs = {}
+
+    def run(steps: int | None = None) -> None:
+        while engine.has_unfinished_requests() and (steps is None or steps > 0):
+            for output in engine.step():
+                outputs[output.request_id] = output
+            steps = None if steps is None else steps - 1
+
+    aborted_prompt = PARITY_PROMPTS[1]
+    assert len(tokenizer.encode(aborted_prompt)) > 8
+    engine.add_request(aborted_prompt, GREEDY_N3, request_id="aborted")
+    run(1)
+    first = engine.scheduler.requests["aborted#0"]
+    assert 0 < first.num_computed_tokens < first.num_prompt_tokens
+    engine.scheduler.abort("aborted#0")
+    run()
+    engine.add_request(LONG_PROMPT, GREEDY_N3, request_id="preempted")
+    run(3)
+    first = engine.scheduler.requests["preempted#0"]
+    assert 0 < first.num_computed_tokens < first.num_prompt_tokens
+    engine.scheduler._preempt(first)  # what a full pool does to the newest request
+    run()
+    assert first.num_preemptions == 1
+    assert engine.num_forked_samples == 2  # the preempted group's, after its recompute
+    aborted = outputs["aborted"].outputs
+    assert aborted[0].finish_reason == "abort" and aborted[0].token_ids == []
+    assert all(c.token_ids == refs[aborted_prompt] for c in aborted[1:])
+    assert_engine_matches(saved, [LONG_PROMPT] * 3,
+                          [_single(outputs["preempted"], i) for i in range(3)])
+    assert engine.state_slots.num_free_slots == engine.state_slots.num_slots
+
+
 def test_speculative_decoding_is_refused_by_name(saved):
     path = saved[0]
     with pytest.raises(ValueError, match="speculative decoding is not supported: "

@@ -97,6 +97,18 @@ class KVCachePool:
         total = sum(s.bytes_per_block(block_size) for s in specs) + 8 * len(specs)
         return -(-total // 64) * 64
 
+    def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Copy whole blocks (every layer's K and V) ``source -> destination``, in one device op.
+
+        A forked sample's copy of its parent's partial last block (``BlockManager.fork``).
+        """
+        if not pairs:
+            return
+        device = self.storage.device
+        src = torch.tensor([s for s, _ in pairs], dtype=torch.int64).to(device)
+        dst = torch.tensor([d for _, d in pairs], dtype=torch.int64).to(device)
+        self.storage.index_copy_(0, dst, self.storage.index_select(0, src))
+
     def layer_views(self, layer: int) -> tuple[torch.Tensor, ...]:
         """The layer's tensors, each ``[num_blocks, block_size, heads, head_dim]``."""
         spec = self.specs[layer]
@@ -250,6 +262,45 @@ class BlockManager:
         if self.state_slots is not None:
             self.state_slots.allocate(request_id)
         return True
+
+    def fork(self, parent_id: str, child_id: str, num_tokens: int) -> list[tuple[int, int]] | None:
+        """Give ``child_id`` the parent's cache of its first ``num_tokens`` tokens (vLLM's
+        sequence fork): shares of the full blocks (reference counts: nobody writes a full
+        block again) and a fresh block for a partial last one (the parent writes on into its
+        own), plus a state slot of its own where the model keeps per-sequence state.
+
+        Returns:
+            The ``(source, destination)`` block copies the device must make before either
+            sequence computes again (the partial block; the state slot is copied by the
+            caller), or None, with nothing taken, when no block or slot is free.
+
+        Raises:
+            ValueError: the child holds blocks already, or the parent holds too few.
+        """
+        if child_id in self.req_blocks:
+            raise ValueError(f"cannot fork into {child_id!r}: it holds blocks already")
+        parent = self.req_blocks.get(parent_id, [])
+        num_full, partial = divmod(num_tokens, self.block_size)
+        if len(parent) < num_full + bool(partial):
+            raise ValueError(f"cannot fork {num_tokens} tokens of {parent_id!r}: it holds "
+                             f"{len(parent)} blocks of {self.block_size}")
+        if partial and not self.num_free_blocks:
+            return None
+        if self.state_slots is not None and not self.state_slots.can_allocate(child_id):
+            return None
+        table = parent[:num_full]
+        for block in table:
+            self._ref[block] += 1
+        copies = []
+        if partial:
+            copies.append((parent[num_full], self._take_block()))
+            table.append(copies[0][1])
+        self.req_blocks[child_id] = table
+        if parent_id in self._req_hashes:
+            self._req_hashes[child_id] = self._req_hashes[parent_id][:num_full]
+        if self.state_slots is not None:
+            self.state_slots.allocate(child_id)
+        return copies
 
     def free(self, request_id: str) -> None:
         """Release the request's blocks; cached ones stay findable until evicted."""

@@ -19,6 +19,7 @@ from inference_engine.engine.kv_cache import BlockManager, KVCachePool, log_capa
 from inference_engine.engine.loader import load_model
 from inference_engine.engine.model_runner import ModelRunner, StepBatch
 from inference_engine.engine.output_state import RequestGroup, SequenceState
+from inference_engine.engine.prompt_fork import PromptForks
 from inference_engine.engine.request import FinishReason, Request, RequestStatus
 from inference_engine.engine.scheduler import Scheduler, SchedulerOutput
 from inference_engine.engine.state_cache import StateSlotManager, state_capacity_message
@@ -158,6 +159,14 @@ class LLMEngine:
         self._groups: dict[str, RequestGroup] = {}
         # Samples of n > 1 requests beyond what the pool holds at their longest.
         self.held = HeldSamples(num_blocks, block_size)
+        # n > 1 samples waiting to fork from their group's first sample at its prompt's end
+        # (prompt_fork.py): where the prefix cache does not share the prompt (it is off, as
+        # for every model with per-sequence state). Not with speculative decoding (drafter
+        # caches), a distributed engine (the runner's copies reach one rank) or diffusion.
+        self.forks = PromptForks()
+        self.fork_prompts = (not self.blocks.enable_prefix_caching and self.spec is None
+                             and self.executor is None and self.diffusion is None)
+        self.num_forked_samples = 0
         # Child request id -> its output state.
         self._sequences: dict[str, SequenceState] = {}
         self._ids = itertools.count()
@@ -376,7 +385,13 @@ class LLMEngine:
         self._groups[request_id] = group
         for state in group.children:
             self._sequences[state.request.request_id] = state
-        for state in self.held.admit(group):
+        admitted = self.held.admit(group)
+        if (len(admitted) > 1 and self.fork_prompts and encoder_inputs is None
+                and params.structured_outputs is None):
+            # The first sample computes the prompt; the others take its caches then.
+            self.forks.wait(admitted[0], admitted[1:])
+            admitted = admitted[:1]
+        for state in admitted:
             self._submit(state.request)
         return request_id
 
@@ -491,7 +506,9 @@ class LLMEngine:
             group = self._groups.get(rid)
             if group is None:
                 continue
-            for child in self.held.drop(rid):  # never scheduled
+            # Never scheduled: held back, or waiting to fork from the first sample.
+            for child in [*self.held.drop(rid),
+                          *self.forks.take(group.children[0].request.request_id)]:
                 child.request.status = RequestStatus.FINISHED
                 child.request.finish_reason = FinishReason.ABORT
             for child in group.children:
@@ -548,7 +565,7 @@ class LLMEngine:
         """
         outputs, self._pending_outputs = self._pending_outputs, []
         touched: dict[str, RequestGroup] = {}
-        for state in self.held.release():
+        for state in [*self.held.release(), *self.forks.orphans()]:
             self._submit(state.request)
         self._admit_compiled(touched)
         out = self.scheduler.schedule()
@@ -665,6 +682,13 @@ class LLMEngine:
         )
         sampling = [self._sequences[out.scheduled[i].request.request_id]
                     for i in logits.sample_rows]
+        sample_logits = logits.sample_logits
+        forked = self._fork_at_prompt_end(sampling) if self.forks.num_waiting else []
+        if forked:  # each sibling samples from its parent's row, with its own seed
+            sampling += [state for state, _ in forked]
+            rows = torch.tensor([row for _, row in forked], dtype=torch.int64)
+            sample_logits = torch.cat(
+                [sample_logits, sample_logits.index_select(0, rows.to(sample_logits.device))])
         if not sampling:
             return _StepInFlight([], None, None, None, None)
         requests = [state.request for state in sampling]
@@ -673,13 +697,13 @@ class LLMEngine:
             # Pending tokens count: the seeded draw number and min_tokens are lengths.
             [r.output_token_ids + [-1] * r.num_pending_tokens if r.num_pending_tokens
              else r.output_token_ids for r in requests],
-            vocab_size=logits.sample_logits.shape[1],
-            device=logits.sample_logits.device,
+            vocab_size=sample_logits.shape[1],
+            device=sample_logits.device,
             prompt_token_ids=[r.prompt_token_ids for r in requests],
             eos_token_ids=[r.eos_token_ids for r in requests],
             token_bitmask=self.structured.fill_bitmask([r.request_id for r in requests]),
         )
-        result = self.sampler(logits.sample_logits, sample_batch)
+        result = self.sampler(sample_logits, sample_batch)
         host = torch.empty(len(sampling), dtype=torch.int64,
                            pin_memory=self.platform.pinned_memory())
         host.copy_(result.sampled_token_ids, non_blocking=True)
@@ -689,6 +713,45 @@ class LLMEngine:
         source_rows = {r.request_id: row for row, r in enumerate(requests)}
         return _StepInFlight(sampling, result.sampled_token_ids, host, event, result.logprobs,
                              source_rows)
+
+    def _fork_at_prompt_end(self, sampling: list[SequenceState]
+                            ) -> list[tuple[SequenceState, int]]:
+        """Fork the siblings of every sampling row whose forward just reached the end of its
+        prompt (prompt_fork.py): each takes shares of the parent's blocks and copies of its
+        partial block and state slot, made on the device now (after this step's forward,
+        before any later one), and runs from the next step.
+
+        Returns:
+            ``(sibling, the parent's sampling row)`` of each forked sibling; a sibling with
+            no free block, slot or sequence place is scheduled to compute the prompt itself.
+        """
+        forked: list[tuple[SequenceState, int]] = []
+        block_pairs: list[tuple[int, int]] = []
+        slot_pairs: list[tuple[int, int]] = []
+        for row, parent in enumerate(sampling):
+            request = parent.request
+            if not (self.forks.has_siblings(request.request_id)
+                    and self.forks.at_prompt_end(request)):
+                continue
+            for sibling in self.forks.take(request.request_id):
+                child = sibling.request
+                copies = None
+                if self.scheduler.num_running < self.config.scheduler.max_num_seqs:
+                    copies = self.blocks.fork(request.request_id, child.request_id,
+                                              request.num_prompt_tokens)
+                if copies is None:
+                    self._submit(child)
+                    continue
+                block_pairs += copies
+                if self.state_slots is not None:
+                    slot_pairs.append((self.state_slots.slot(request.request_id),
+                                       self.state_slots.slot(child.request_id)))
+                child.num_computed_tokens = request.num_prompt_tokens
+                self.scheduler.add_running(child)
+                forked.append((sibling, row))
+        self.runner.copy_caches(block_pairs, slot_pairs)
+        self.num_forked_samples += len(forked)
+        return forked
 
     def _run_speculative(self, out: SchedulerOutput, touched: dict[str, RequestGroup]) -> None:
         """One synchronous speculative step: the forward verifies each sampling request's
@@ -884,6 +947,10 @@ class LLMEngine:
             "prefix_cache_hit_tokens": self.blocks.stats.hit_tokens,
             "num_preemptions": self.scheduler.num_preemptions,
             "num_held_samples": self.held.num_held,
+            # n > 1 samples that took their first sample's prompt caches instead of
+            # computing the prompt (prompt_fork.py), and those waiting to.
+            "num_forked_samples": self.num_forked_samples,
+            "num_samples_awaiting_fork": self.forks.num_waiting,
             "generated_tokens": self.num_generated_tokens,
             **(self.spec.metrics.as_stats() if self.spec is not None else {}),
             "time": time.time(),

@@ -231,6 +231,16 @@ class ModelRunner:
             layer.state_cache = tensors
         return self.state_pool
 
+    def copy_caches(self, block_pairs: Sequence[tuple[int, int]],
+                    slot_pairs: Sequence[tuple[int, int]]) -> None:
+        """Give forked samples their parent's caches: copy KV blocks and state slots
+        ``source -> destination`` on the device, in stream order after the step that
+        computed them and before any later step (``n > 1``, docs/engine.md)."""
+        if block_pairs:
+            self.pool.copy_blocks(block_pairs)
+        if slot_pairs:
+            self.state_pool.copy_slots(slot_pairs)
+
     def _state_slots(self, batch: StepBatch) -> torch.Tensor | None:
         """The step's ``[num_seqs]`` state slots on the device (None without a state pool)."""
         if self.state_pool is None:

@@ -82,6 +82,16 @@ class Scheduler:
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
+    def add_running(self, request: Request) -> None:
+        """Run a request whose cache is filled already (a forked sample holding its parent's
+        prompt): it joins the running requests, from the next step on, with
+        ``num_computed_tokens`` as set."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        self.requests[request.request_id] = request
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+
     def abort(self, request_id: str) -> Request | None:
         """Finish a request in any state, freeing its blocks; None if unknown."""
         request = self.requests.get(request_id)

@@ -50,6 +50,21 @@ class StateCachePool:
             for spec in self.specs
         ]
 
+    def copy_slots(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Copy every layer's state of each ``source`` slot into its ``destination`` slot.
+
+        A forked sample's copy of its parent's prompt-end state: one indexed copy per state
+        tensor for all of a step's forks, on the device, before either sequence runs again.
+        """
+        if not pairs:
+            return
+        device = self.layer_tensors[0][0].device
+        src = torch.tensor([s for s, _ in pairs], dtype=torch.int64).to(device)
+        dst = torch.tensor([d for _, d in pairs], dtype=torch.int64).to(device)
+        for tensors in self.layer_tensors:
+            for tensor in tensors:
+                tensor.index_copy_(0, dst, tensor.index_select(0, src))
+
     @staticmethod
     def bytes_per_slot_for(specs: Sequence[StateCacheSpec]) -> int:
         return sum(spec.bytes_per_seq() for spec in specs)
