@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
+import transformers
 from inference_engine import SamplingParams
 from inference_engine.engine.kv_cache import BlockManager, KVCachePool
 from inference_engine.engine.output_state import RequestGroup, SequenceState
@@ -126,14 +126,10 @@ NEW_TOKENS = 16
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """(folder, transformers model, prompt ids, its greedy continuation)."""
-    import transformers
-
     path = make_tiny_model(tmp_path_factory.mktemp("fork"), arch="llama")
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     hf.generation_config.eos_token_id = None
-    from transformers import AutoTokenizer
-
-    ids = AutoTokenizer.from_pretrained(path).encode(PROMPT)
+    ids = transformers.AutoTokenizer.from_pretrained(path).encode(PROMPT)
     return path, hf, ids, hf_greedy(hf, [ids], NEW_TOKENS)[0]
 
 
