@@ -9,7 +9,11 @@ batched together, one longer than several scan chunks, under a tiny token budget
 (chunked prefill carries the state across chunks), a pool small enough to force
 preemption (recompute from a clean state), async scheduling, and with prefix
 caching requested (it is turned off for models with per-sequence state); ``n = 2``
-seeded sampling equals the two single requests it forks into.
+seeded sampling equals the two single requests it forks into; ``n = 3`` greedy samples
+each equal transformers' continuation (tokens, and logprobs within 1e-4) while the prompt
+is computed once (the others fork the first sample's blocks and state at its prompt's
+end), also in 8-token chunks with async scheduling, with forked samples preempted, and
+with the first sample preempted or aborted before its prompt ends.
 """
 
 from __future__ import annotations
