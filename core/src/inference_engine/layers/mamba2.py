@@ -25,6 +25,7 @@ from torch import nn
 from inference_engine.interfaces.attention import AttentionMetadata
 from inference_engine.interfaces.model import ModelContext
 from inference_engine.interfaces.state_cache import StateCacheSpec, StateTensorSpec
+from inference_engine.layers.causal_conv1d import choose_conv_update
 from inference_engine.layers.fused_op_choice import choose_fused_op
 from inference_engine.layers.linear import ReplicatedLinear, RowLinear
 from inference_engine.layers.ssd_scan import choose_ssd_kernels
@@ -128,9 +129,11 @@ class Mamba2Mixer(nn.Module):
         # (conv state [slots, conv_dim, kernel - 1], SSM state [slots, H, P, N]); bound by
         # the model runner from the per-sequence state pool.
         self.state_cache: tuple[torch.Tensor, torch.Tensor] | None = None
-        # Scan and decode step, chosen once for the device the layer is built on.
+        # Scan, decode step and the decodes' conv update, chosen once for the device the
+        # layer is built on.
         self.kernel = choose_fused_op(getattr(ctx, "device", None))
         self._scan, self._decode = choose_ssd_kernels(self.kernel, c.chunk_size)
+        self._conv_update = choose_conv_update(self.kernel)
 
     def state_cache_spec(self) -> StateCacheSpec:
         """Per sequence: the last ``kernel - 1`` conv inputs and the SSM state."""
@@ -148,14 +151,9 @@ class Mamba2Mixer(nn.Module):
     def _conv_decode(self, xbc: torch.Tensor, conv_state: torch.Tensor,
                      slots: torch.Tensor) -> torch.Tensor:
         """One new input per sequence: ``xbc [n, conv_dim]`` -> conv output ``[n, conv_dim]``."""
-        weight = self.conv1d.weight[:, 0, :]  # [conv_dim, kernel]
-        window = torch.cat([conv_state.index_select(0, slots),
-                            xbc.to(conv_state.dtype).unsqueeze(-1)], dim=-1)
-        conv_state.index_copy_(0, slots, window[:, :, 1:])
-        out = (window.to(weight.dtype) * weight).sum(-1)
-        if self.conv1d.bias is not None:
-            out = out + self.conv1d.bias
-        return out
+        # weight [conv_dim, kernel]
+        return self._conv_update(xbc, conv_state, slots, self.conv1d.weight[:, 0, :],
+                                 self.conv1d.bias)
 
     def _conv_prefill(self, xbc: torch.Tensor, conv_state: torch.Tensor, slot: torch.Tensor,
                       has_context: bool) -> torch.Tensor:
