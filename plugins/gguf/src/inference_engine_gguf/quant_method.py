@@ -44,12 +44,13 @@ from gguf.constants import GGMLQuantizationType
 from inference_engine.builtin.quant.unquantized import UnquantizedMethod
 from inference_engine.cpu_extensions import cpu_kernels_enabled
 from inference_engine.interfaces.quant import CpuLinearEntry, QuantMethod
+from inference_engine.layers.tp_blocks import check_row_shard_blocks, split_blocks_along_k
 from inference_engine.layers.weights import STACKED_PARAMS
 from torch import nn
 
 from inference_engine_gguf import cpu_kernels, q8k_kernels
 from inference_engine_gguf.dequant import dequantize
-from inference_engine_gguf.ggml_types import check_supported
+from inference_engine_gguf.ggml_types import FLOAT_TYPES, block_geometry, check_supported
 from inference_engine_gguf.moe_method import GGMLFusedMoEMethod
 from inference_engine_gguf.raw_tensors import FLOAT_DTYPES, empty_raw
 
@@ -152,6 +153,8 @@ class GGUFMethod(QuantMethod):
     """
 
     name = "gguf"
+    # Output rows split whole; input columns split at the type's block boundaries.
+    supports_tensor_parallel = True
     option_names = frozenset({"activations", "accumulate"})
 
     def __init__(self, checkpoint_config: dict[str, Any] | None = None, **options: Any) -> None:
@@ -213,6 +216,8 @@ class GGUFMethod(QuantMethod):
                 segments.append(Segment(offset, size, qtype))
             offset += size
         layer.gguf_segments = segments  # type: ignore[attr-defined]
+        for qtype in {t for t in types if t not in FLOAT_TYPES}:
+            check_row_shard_blocks(layer, block_geometry(qtype)[0], f"GGUF {qtype.name}")
         for i, seg in enumerate(segments):
             raw = empty_raw(seg.qtype, (seg.num_rows, input_size))
             layer.register_buffer(f"{RAW_PREFIX}_{i}", raw)
@@ -268,8 +273,13 @@ class GGUFMethod(QuantMethod):
         return q8k_kernels.Q8Parts(list(weights), [int(t) for t in qtypes], list(packed))
 
     def process_model_after_loading(self, model: nn.Module) -> None:
-        """Swap the dense token embedding / LM head for raw GGML blocks from the file."""
-        if self.dequantize_at_load or not self.gguf_file:
+        """Swap the dense token embedding / LM head for raw GGML blocks from the file.
+
+        Not under tensor parallelism: there the dense vocabulary-parallel embedding and
+        LM head keep only this rank's vocabulary range (dequantized at load)."""
+        from inference_engine.distributed.parallel_state import parallel_state
+
+        if self.dequantize_at_load or not self.gguf_file or parallel_state().tp.size > 1:
             return
         from inference_engine_gguf.format import EMBEDDING_TENSORS
         from inference_engine_gguf.gguf_file import GGUFFile
@@ -406,6 +416,8 @@ def _load_raw(layer: nn.Module, prefix: str, param: torch.Tensor, loaded: torch.
         where = f"{prefix}.weight (part {shard_id!r})"
     for i, seg in enumerate(layer.gguf_segments):
         if seg.row_offset <= offset < seg.row_offset + seg.num_rows:
+            if getattr(layer, "tp_size", 1) > 1:
+                loaded = _tp_slice(layer, loaded, shard_id, seg.qtype)
             target = _raw(layer, i).narrow(0, offset - seg.row_offset, size)
             if target.shape != loaded.shape or target.dtype != loaded.dtype:
                 raise ValueError(
@@ -415,6 +427,16 @@ def _load_raw(layer: nn.Module, prefix: str, param: torch.Tensor, loaded: torch.
             target.copy_(loaded)
             return
     raise ValueError(f"{where}: rows {offset}:{offset + size} lie in no segment")
+
+
+def _tp_slice(layer: nn.Module, loaded: torch.Tensor, shard_id: int | str | None,
+              qtype: GGMLQuantizationType) -> torch.Tensor:
+    """This rank's part of a full GGML tensor: output rows whole (column-parallel), or the
+    whole blocks of its input columns (row-parallel; checked to fall on block boundaries
+    when the layer was built)."""
+    if getattr(layer, "full_input_size", None) is not None and qtype not in FLOAT_TYPES:
+        return split_blocks_along_k(layer, loaded, block_geometry(qtype)[1])
+    return layer.tp_shard(loaded, shard_id)
 
 
 class GGMLEmbedding(nn.Module):

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from inference_engine.layers.tp_blocks import check_row_shard_blocks
 from torch import nn
 
 from inference_engine_quant.fp8 import current_platform_or_none, is_ignored
@@ -71,6 +72,9 @@ class Mxfp4Format(LinearFormat):
                        output_sizes: list[int], params_dtype: torch.dtype) -> None:
         layer.mx_input_size = input_size
         layer.mx_params_dtype = params_dtype
+        # Row-parallel: each rank's input columns must be whole 32-value blocks (online too,
+        # so a rank quantizes the same blocks one process would).
+        check_row_shard_blocks(layer, MX_BLOCK_SIZE, "MXFP4")
         if self.online:
             self._dense.create_weights(layer, prefix, input_size, output_sizes, params_dtype)
             return
@@ -129,6 +133,9 @@ class Mxfp4Method(PerLayerFormatMethod):
     """
 
     name = "mxfp4"
+    # Blocks and scales are cut with their rows (column-parallel) or in whole 32-value
+    # blocks of K (row-parallel, :func:`check_row_shard_blocks`); experts are not (FusedMoE).
+    supports_tensor_parallel = True
 
     def __init__(self, checkpoint_config: dict[str, Any] | None = None, **options: Any) -> None:
         super().__init__(checkpoint_config, **options)

@@ -1,0 +1,131 @@
+"""Block-quantized checkpoints under tensor parallelism (gloo, 2 ranks): one process's tokens.
+
+An MXFP4 checkpoint (gpt-oss-style ``weight_blocks``/``weight_scales`` written from the
+spec's formula by :mod:`inference_engine_quant.mx_testing`) and a GGUF file (written by the
+``gguf`` package through the plugin's exporter, K-quants of 256-value superblocks) run
+with ``LLM(tensor_parallel_size=2)`` (the mp executor: this process is rank 0, one spawned
+worker rank 1): column-parallel layers keep their rows with their scales / superblocks,
+row-parallel layers their whole blocks of K. Their greedy tokens equal the same engine on
+one process, itself tested against transformers on the dequantized weights in
+plugins/quant/tests/test_mxfp4.py and plugins/gguf/tests/test_model_parity.py. A shard
+that would cut a block is refused by name before anything runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from gguf.constants import GGMLQuantizationType as T
+from inference_engine import SamplingParams
+from inference_engine.testing import cpu_llm, train_tiny_tokenizer
+from inference_engine.testing_parity import PARITY_PROMPTS, randomize, tiny_dense_config
+
+ENGINE_ARGS = dict(max_num_batched_tokens=24, block_size=4, kv_cache_memory=4 << 20, seed=0,
+                   dtype="float32")
+PARAMS = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+PROMPTS = PARITY_PROMPTS[:3]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tiny_tokenizer()
+
+
+def _hf_model(tokenizer, **overrides):
+    import transformers
+
+    config = tiny_dense_config("qwen3", len(tokenizer), **overrides)
+    config.eos_token_id, config.pad_token_id, config.bos_token_id = (
+        tokenizer.eos_token_id, tokenizer.pad_token_id, None)
+    torch.manual_seed(0)
+    return randomize(transformers.AutoModelForCausalLM.from_config(config), std=0.1)
+
+
+def _mxfp4_checkpoint(root: Path, tokenizer, **overrides) -> Path:
+    """Every decoder linear layer MXFP4 (attention included, so q/k/v are split by rows and
+    o_proj by blocks of K); embeddings and LM head dense."""
+    from inference_engine_quant.mx_testing import ref_mxfp4, write_quantized_checkpoint
+
+    model = _hf_model(tokenizer, **overrides)
+    model.save_pretrained(root / "base")
+    tokenizer.save_pretrained(root / "base")
+
+    def quantize(module, w):
+        blocks, scales, deq = ref_mxfp4(w)
+        return {".weight_blocks": blocks, ".weight_scales": scales}, deq
+
+    config = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.embed_tokens", "lm_head"]}
+    write_quantized_checkpoint(root / "base", root / "q", root / "dq", quantize, config)
+    return root / "q"
+
+
+def _gguf_file(path: Path, tokenizer, qtype, **overrides) -> Path:
+    from inference_engine_gguf.export import export_to_gguf
+
+    export_to_gguf(_hf_model(tokenizer, **overrides).float(), tokenizer, path, qtype)
+    return path
+
+
+def q4_k_m(name: str, shape: tuple[int, ...]) -> T:
+    """Roughly llama.cpp's Q4_K_M: Q6_K for v, down and the head, Q8_0 embeddings, else Q4_K."""
+    if "embed_tokens" in name:
+        return T.Q8_0
+    return T.Q6_K if any(k in name for k in ("v_proj", "down_proj", "lm_head")) else T.Q4_K
+
+
+def _tokens(model: Path, **kwargs) -> tuple[list[list[int]], object]:
+    llm = cpu_llm(model, **ENGINE_ARGS, **kwargs)
+    try:
+        layer = llm.engine.model.model.layers[0]
+        outs = llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+        return [o.outputs[0].token_ids for o in outs], layer
+    finally:
+        llm.engine.shutdown()
+
+
+def test_mxfp4_checkpoint_under_tp2_gives_one_process_tokens(tmp_path, tokenizer):
+    # o_proj K = 4 heads x 16 = 64 and down_proj K = 128: 32 and 64 columns per rank,
+    # whole 32-value blocks.
+    path = _mxfp4_checkpoint(tmp_path, tokenizer, head_dim=16)
+    one, _ = _tokens(path)
+    two, layer = _tokens(path, tensor_parallel_size=2)
+    assert layer.mlp.down_proj.linear_format.name == "mxfp4"
+    # Rank 0 holds half of K's blocks of down_proj and half the rows of gate/up.
+    assert tuple(layer.mlp.down_proj.weight_blocks.shape) == (64, 2, 16)
+    assert tuple(layer.mlp.gate_up_proj.weight_scales.shape) == (128, 2)
+    assert two == one
+
+
+def test_gguf_k_quants_under_tp2_give_one_process_tokens(tmp_path, tokenizer):
+    # Row-parallel K (o_proj: 4 heads x 128, down_proj: 512) splits into whole 256-value
+    # superblocks: one per rank.
+    path = _gguf_file(tmp_path / "m.gguf", tokenizer, q4_k_m, hidden_size=256,
+                      intermediate_size=512, head_dim=128)
+    # activations=float: the exact product with the file's values (as the parity tests
+    # compare); llama.cpp's q8 activation rounding flips near-ties either way when the
+    # float inputs differ in the last bits (summation order of the all-reduce).
+    options = {"quant_options": {"activations": "float"}}
+    one, _ = _tokens(path, **options)
+    two, layer = _tokens(path, tensor_parallel_size=2, **options)
+    down = layer.mlp.down_proj
+    assert [s.qtype for s in down.gguf_segments] == [T.Q6_K] and down.input_size == 256
+    assert [s.qtype for s in layer.self_attn.qkv_proj.gguf_segments] == [T.Q4_K, T.Q6_K]
+    assert two == one
+
+
+@pytest.mark.parametrize(("kind", "message"), [
+    ("mxfp4", r"mlp\.down_proj: MXFP4 blocks hold 32 input values, but tensor_parallel_size 2 "
+              r"gives each rank 48 of the 96"),
+    ("gguf", r"o_proj: GGUF Q4_K blocks hold 256 input values, but tensor_parallel_size 2 "
+             r"gives each rank 128 of the 256"),
+])
+def test_a_shard_that_cuts_a_block_is_refused_by_name(tmp_path, tokenizer, kind, message):
+    if kind == "mxfp4":
+        path = _mxfp4_checkpoint(tmp_path, tokenizer, intermediate_size=96, head_dim=16)
+    else:
+        path = _gguf_file(tmp_path / "m.gguf", tokenizer, T.Q4_K, hidden_size=256,
+                          intermediate_size=512, head_dim=64)
+    with pytest.raises(ValueError, match=message):
+        cpu_llm(path, tensor_parallel_size=2, **ENGINE_ARGS)
