@@ -218,8 +218,15 @@ class SchedulerConfig:
     # Launch step N+1 before step N's sampled ids are read back (vLLM's async scheduling);
     # None: where the platform says it pays (devices that run asynchronously to the host).
     async_scheduling: bool | None = None
+    # Greedy decode steps one engine step may run for a lone running request (vLLM's former
+    # multi-step scheduling; engine/multi_step.py): a window of up to this many tokens in
+    # one call where the model has one (the CPU C++ decode step). 1: one step at a time.
+    num_scheduler_steps: int = 1
 
     def __post_init__(self) -> None:
+        if self.num_scheduler_steps < 1:
+            raise ValueError(
+                f"--num-scheduler-steps must be at least 1, got {self.num_scheduler_steps}")
         if self.max_num_seqs is not None and self.max_num_seqs <= 0:
             raise ValueError(f"--max-num-seqs must be positive, got {self.max_num_seqs}")
         if self.max_num_batched_tokens <= 0:

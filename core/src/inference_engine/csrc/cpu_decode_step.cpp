@@ -35,6 +35,8 @@ using WriteKvFn = void (*)(void*, const int64_t*, void*, const int64_t*, int, co
                            int64_t, int64_t, const float*, int64_t, int64_t, int64_t, int64_t,
                            int64_t, const int64_t*, const int64_t*);
 
+using ArgmaxFn = void (*)(const float*, int64_t, int64_t, int64_t, int64_t*);
+
 // A linear layer's product provided by another extension (a quantized format):
 // y [M, N] = x [M, K] (row stride ldx) . W^T for the weights ctx stands for.
 using LinearFn = void (*)(void* ctx, const float* x, int64_t ldx, int64_t M, float* y);
@@ -199,23 +201,136 @@ class DecodeStep {
       TORCH_CHECK(lp[i] > 0 && (lp[i] + bs - 1) / bs <= max_blocks, "sequence length out of range");
       TORCH_CHECK(bp[i] >= 0 && bp[i] < nb && op[i] >= 0 && op[i] < bs, "slot out of range");
     }
-    const int64_t q = H_ * D_, kv = KVH_ * D_, qkv_n = q + 2 * kv, qk_heads = H_ + KVH_;
-    const int64_t R = rope.size(1) / 2;
-    auto opts = hidden.options();
-    if (scratch_rows_ != M) {
-      normed_ = torch::empty({M, hidden_}, opts);
-      qkv_ = torch::empty({M, qkv_n}, opts);
-      qkn_ = torch::empty({M, qk_heads, D_}, opts);
-      rot_ = torch::empty({M, qk_heads, D_}, opts);
-      attn_ = torch::empty({M, q}, opts);
-      o_ = torch::empty({M, hidden_}, opts);
-      gu_ = torch::empty({M, 2 * inter_}, opts);
-      act_ = torch::empty({M, inter_}, opts);
-      scratch_rows_ = M;
-    }
+    ensure_scratch(M);
     // Fresh each step: the caller keeps them.
+    auto opts = hidden.options();
     auto out = torch::empty({M, hidden_}, opts);
     torch::Tensor res_buf[2] = {torch::empty({M, hidden_}, opts), torch::empty({M, hidden_}, opts)};
+    int last = -1;
+    {
+      py::gil_scoped_release no_gil;
+      last = layers(hidden.data_ptr<float>(), M, rope.data_ptr<float>(), rope.stride(0),
+                    rope.size(1) / 2, tables.data_ptr<int64_t>(), tables.stride(0), lp, bp, op,
+                    out.data_ptr<float>(), res_buf[0].data_ptr<float>(),
+                    res_buf[1].data_ptr<float>());
+    }
+    return {out, last < 0 ? hidden : res_buf[last]};
+  }
+
+  // The greedy window's model ends: the float32 embedding table [V, hidden], the final
+  // norm, the LM head (a packed bf16 weight or a provided product) and the rotary table
+  // [positions, 2R] indexed by position.
+  void bind_greedy(torch::Tensor embed, torch::Tensor final_norm, double eps, py::object head,
+                   c10::optional<torch::Tensor> head_bias, int64_t vocab, torch::Tensor rope,
+                   const std::map<std::string, int64_t>& points) {
+    TORCH_CHECK(embed.dim() == 2 && embed.scalar_type() == torch::kFloat32 &&
+                embed.is_contiguous() && embed.size(1) == hidden_ && embed.size(0) >= vocab,
+                "embedding must be float32 [vocab, ", hidden_, "] contiguous");
+    check_vector(final_norm, hidden_, "final_norm");
+    TORCH_CHECK(rope.dim() == 2 && rope.scalar_type() == torch::kFloat32 && rope.stride(1) == 1 &&
+                rope.size(1) % 4 == 0 && rope.size(1) / 2 <= D_, "rope table does not fit");
+    embed_ = embed;
+    final_norm_ = final_norm;
+    final_eps_ = static_cast<float>(eps);
+    head_ = make_linear(head, head_bias, hidden_, vocab, "lm_head");
+    vocab_ = vocab;
+    rope_table_ = rope;
+    argmax_ = entry<ArgmaxFn>(points, "argmax");
+    logits_ = torch::empty({1, vocab}, embed.options());
+  }
+
+  // Up to out.numel() greedy decode steps of one sequence in one call: the step's layers,
+  // the final norm, the LM head and argmax, then the picked token's embedding and the next
+  // position, slot and length. token: the last known token (not yet in the cache), at
+  // `position`; table [>= blocks] int64: the sequence's block table, holding a slot for
+  // every position computed here. Stops after a token in stop_ids. Returns the number of
+  // tokens written to out (int64); their K/V (all but the last's) are in the cache.
+  int64_t greedy_window(int64_t token, int64_t position, torch::Tensor table,
+                        torch::Tensor stop_ids, torch::Tensor out) {
+    TORCH_CHECK(embed_.defined(), "bind_greedy first");
+    TORCH_CHECK(table.scalar_type() == torch::kInt64 && table.dim() == 1 &&
+                table.is_contiguous(), "table must be int64 [blocks] contiguous");
+    TORCH_CHECK(stop_ids.scalar_type() == torch::kInt64 && stop_ids.is_contiguous(),
+                "stop_ids must be int64 contiguous");
+    TORCH_CHECK(out.scalar_type() == torch::kInt64 && out.is_contiguous(),
+                "out must be int64 contiguous");
+    const int64_t K = out.numel(), bs = layers_[0].block_size, nb = layers_[0].k_cache.size(0);
+    TORCH_CHECK(position >= 0 && position + K <= rope_table_.size(0),
+                "positions past the rotary table");
+    TORCH_CHECK(position + K <= table.numel() * bs, "the block table holds no slot for step ",
+                (table.numel() * bs) - position);
+    const int64_t* tp = table.data_ptr<int64_t>();
+    for (int64_t b = position / bs; b < (position + K + bs - 1) / bs; ++b)
+      TORCH_CHECK(tp[b] >= 0 && tp[b] < nb, "block id out of range");
+    TORCH_CHECK(token >= 0 && token < vocab_, "token id out of range");
+    ensure_scratch(1);
+    if (!window_hidden_.defined()) {
+      auto opts = embed_.options();
+      window_hidden_ = torch::empty({1, hidden_}, opts);
+      window_out_ = torch::empty({1, hidden_}, opts);
+      window_res_[0] = torch::empty({1, hidden_}, opts);
+      window_res_[1] = torch::empty({1, hidden_}, opts);
+      window_sum_ = torch::empty({1, hidden_}, opts);
+    }
+    const int64_t* stops = stop_ids.data_ptr<int64_t>();
+    const int64_t num_stops = stop_ids.numel();
+    int64_t* op = out.data_ptr<int64_t>();
+    float* h = window_hidden_.data_ptr<float>();
+    float* mlp_out = window_out_.data_ptr<float>();
+    float* res0 = window_res_[0].data_ptr<float>();
+    float* res1 = window_res_[1].data_ptr<float>();
+    float* normed = normed_.data_ptr<float>();
+    float* sum = window_sum_.data_ptr<float>();
+    float* logits = logits_.data_ptr<float>();
+    const float* embed = embed_.data_ptr<float>();
+    const float* rope = rope_table_.data_ptr<float>();
+    const int64_t rope_stride = rope_table_.stride(0), R = rope_table_.size(1) / 2;
+    int64_t n = 0;
+    py::gil_scoped_release no_gil;
+    while (n < K) {
+      const int64_t pos = position + n;
+      std::copy(embed + token * hidden_, embed + (token + 1) * hidden_, h);
+      const int64_t len = pos + 1, block = tp[pos / bs], offset = pos % bs;
+      const int last = layers(h, 1, rope + pos * rope_stride, rope_stride, R, tp, 0, &len,
+                              &block, &offset, mlp_out, res0, res1);
+      const float* res = last < 0 ? h : (last == 0 ? res0 : res1);
+      rms_norm_(mlp_out, 1, 1, hidden_, hidden_, 0, final_norm_.data_ptr<float>(), 1, res,
+                hidden_, 0, normed, sum, final_eps_);
+      linear(head_, normed, 1, logits);
+      argmax_(logits, 1, vocab_, vocab_, &token);
+      op[n++] = token;
+      bool stop = false;
+      for (int64_t i = 0; i < num_stops; ++i) stop |= stops[i] == token;
+      if (stop) break;
+    }
+    return n;
+  }
+
+ private:
+  void ensure_scratch(int64_t M) {
+    if (scratch_rows_ == M) return;
+    const int64_t q = H_ * D_, kv = KVH_ * D_, qkv_n = q + 2 * kv, qk_heads = H_ + KVH_;
+    auto opts = torch::dtype(torch::kFloat32);
+    normed_ = torch::empty({M, hidden_}, opts);
+    qkv_ = torch::empty({M, qkv_n}, opts);
+    qkn_ = torch::empty({M, qk_heads, D_}, opts);
+    rot_ = torch::empty({M, qk_heads, D_}, opts);
+    attn_ = torch::empty({M, q}, opts);
+    o_ = torch::empty({M, hidden_}, opts);
+    gu_ = torch::empty({M, 2 * inter_}, opts);
+    act_ = torch::empty({M, inter_}, opts);
+    scratch_rows_ = M;
+  }
+
+  // Every layer over hidden [M, hidden] (scratch sized for M): the last layer's mlp output
+  // into outp, the residual stream alternating between res_a and res_b. Returns which of
+  // them holds the last residual (0: res_a, 1: res_b; -1 would be hidden itself). Runs
+  // without the GIL.
+  int layers(const float* hidden, int64_t M, const float* rp, int64_t rope_stride, int64_t R,
+             const int64_t* tp, int64_t table_stride, const int64_t* lp, const int64_t* bp,
+             const int64_t* op, float* outp, float* res_a, float* res_b) {
+    const int64_t q = H_ * D_, kv = KVH_ * D_, qkv_n = q + 2 * kv, qk_heads = H_ + KVH_;
+    float* res_buf[2] = {res_a, res_b};
     float* normed = normed_.data_ptr<float>();
     float* qkv = qkv_.data_ptr<float>();
     float* qkn = qkn_.data_ptr<float>();
@@ -224,64 +339,58 @@ class DecodeStep {
     float* o = o_.data_ptr<float>();
     float* gu = gu_.data_ptr<float>();
     float* act = act_.data_ptr<float>();
-    float* outp = out.data_ptr<float>();
-    const float* cur = hidden.data_ptr<float>();
+    const float* cur = hidden;
     const float* res = nullptr;
-    torch::Tensor res_tensor = hidden;
+    int last = -1;
     int next = 0;
-    const float* rp = rope.data_ptr<float>();
-    const int64_t* tp = tables.data_ptr<int64_t>();
-    {
-      py::gil_scoped_release no_gil;
-      for (const Layer& l : layers_) {
-        // input norm (+ the residual add after the first layer)
-        if (res == nullptr) {
-          rms_norm_(cur, M, 1, hidden_, hidden_, 0, l.input_norm.data_ptr<float>(), 1, nullptr,
-                    0, 0, normed, nullptr, l.eps);
-          res = cur;
-        } else {
-          float* sum = res_buf[next].data_ptr<float>();
-          rms_norm_(cur, M, 1, hidden_, hidden_, 0, l.input_norm.data_ptr<float>(), 1, res,
-                    hidden_, 0, normed, sum, l.eps);
-          res = sum;
-          res_tensor = res_buf[next];
-          next ^= 1;
-        }
-        linear(l.qkv, normed, M, qkv);
-        // q and k heads: per-head norm (Qwen3), then rotary, into rot [M, heads + kv_heads, D]
-        const float* qk_src = qkv;
-        int64_t qk_row = qkv_n;
-        if (l.qk_norm.defined()) {
-          rms_norm_(qkv, M, qk_heads, D_, qkv_n, D_, l.qk_norm.data_ptr<float>(), qk_heads,
-                    nullptr, 0, 0, qkn, nullptr, l.qk_eps);
-          qk_src = qkn;
-          qk_row = qk_heads * D_;
-        }
-        rope_(qk_src, M, qk_heads, D_, qk_row, D_, rp, rope.stride(0), R, rot);
-        write_kv_(l.k_cache.data_ptr(), l.k_strides, l.v_cache.data_ptr(), l.v_strides,
-                  l.cache_bf16, rot + q, qk_heads * D_, D_, qkv + q + kv, qkv_n, D_, M, KVH_, D_,
-                  bp, op);
-        decode_(rot, qk_heads * D_, M, KVH_, H_ / KVH_, D_, l.k_cache.data_ptr(), l.k_strides,
-                l.v_cache.data_ptr(), l.v_strides, l.block_size, l.cache_bf16, tp,
-                tables.stride(0), lp, l.scale, l.window, attn);
-        linear(l.o, attn, M, o);
-        // post-attention norm with the residual add
-        float* sum = res_buf[next].data_ptr<float>();
-        rms_norm_(o, M, 1, hidden_, hidden_, 0, l.post_norm.data_ptr<float>(), 1, res, hidden_,
-                  0, normed, sum, l.eps);
+    for (const Layer& l : layers_) {
+      // input norm (+ the residual add after the first layer)
+      if (res == nullptr) {
+        rms_norm_(cur, M, 1, hidden_, hidden_, 0, l.input_norm.data_ptr<float>(), 1, nullptr,
+                  0, 0, normed, nullptr, l.eps);
+        res = cur;
+      } else {
+        float* sum = res_buf[next];
+        rms_norm_(cur, M, 1, hidden_, hidden_, 0, l.input_norm.data_ptr<float>(), 1, res,
+                  hidden_, 0, normed, sum, l.eps);
         res = sum;
-        res_tensor = res_buf[next];
+        last = next;
         next ^= 1;
-        linear(l.gate_up, normed, M, gu);
-        silu_(gu, M, inter_, 2 * inter_, act);
-        linear(l.down, act, M, outp);
-        cur = outp;
       }
+      linear(l.qkv, normed, M, qkv);
+      // q and k heads: per-head norm (Qwen3), then rotary, into rot [M, heads + kv_heads, D]
+      const float* qk_src = qkv;
+      int64_t qk_row = qkv_n;
+      if (l.qk_norm.defined()) {
+        rms_norm_(qkv, M, qk_heads, D_, qkv_n, D_, l.qk_norm.data_ptr<float>(), qk_heads,
+                  nullptr, 0, 0, qkn, nullptr, l.qk_eps);
+        qk_src = qkn;
+        qk_row = qk_heads * D_;
+      }
+      rope_(qk_src, M, qk_heads, D_, qk_row, D_, rp, rope_stride, R, rot);
+      write_kv_(l.k_cache.data_ptr(), l.k_strides, l.v_cache.data_ptr(), l.v_strides,
+                l.cache_bf16, rot + q, qk_heads * D_, D_, qkv + q + kv, qkv_n, D_, M, KVH_, D_,
+                bp, op);
+      decode_(rot, qk_heads * D_, M, KVH_, H_ / KVH_, D_, l.k_cache.data_ptr(), l.k_strides,
+              l.v_cache.data_ptr(), l.v_strides, l.block_size, l.cache_bf16, tp,
+              table_stride, lp, l.scale, l.window, attn);
+      linear(l.o, attn, M, o);
+      // post-attention norm with the residual add
+      float* sum = res_buf[next];
+      rms_norm_(o, M, 1, hidden_, hidden_, 0, l.post_norm.data_ptr<float>(), 1, res, hidden_,
+                0, normed, sum, l.eps);
+      res = sum;
+      last = next;
+      next ^= 1;
+      linear(l.gate_up, normed, M, gu);
+      silu_(gu, M, inter_, 2 * inter_, act);
+      linear(l.down, act, M, outp);
+      cur = outp;
     }
-    return {out, res_tensor};
+    return last;
   }
 
- private:
+
   // y [M, N] = x [M, K] (dense rows) . W^T + bias: the bf16 GEMV, or the provided product
   // followed by the bias add the layer's apply() does.
   void linear(const Linear& l, const float* x, int64_t M, float* y) const {
@@ -306,6 +415,13 @@ class DecodeStep {
   std::vector<Layer> layers_;
   int64_t scratch_rows_ = -1;
   torch::Tensor normed_, qkv_, qkn_, rot_, attn_, o_, gu_, act_;
+  // The greedy window (bind_greedy).
+  torch::Tensor embed_, final_norm_, rope_table_, logits_;
+  Linear head_;
+  float final_eps_ = 0.f;
+  int64_t vocab_ = 0;
+  ArgmaxFn argmax_ = nullptr;
+  torch::Tensor window_hidden_, window_out_, window_res_[2], window_sum_;
 };
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -314,5 +430,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     int64_t>())
       .def("add_layer", &DecodeStep::add_layer)
       .def("num_layers", &DecodeStep::num_layers)
-      .def("run", &DecodeStep::run);
+      .def("run", &DecodeStep::run)
+      .def("bind_greedy", &DecodeStep::bind_greedy)
+      .def("greedy_window", &DecodeStep::greedy_window);
 }

@@ -163,13 +163,9 @@ inline int32_t order_key(uint32_t bits) {
   return i ^ ((i >> 31) & 0x7fffffff);
 }
 
-torch::Tensor argmax_rows(torch::Tensor x) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.stride(1) == 1 &&
-              x.size(1) > 0);
-  const int64_t T = x.size(0), V = x.size(1), xs = x.stride(0);
-  auto out = torch::empty({T}, torch::dtype(torch::kInt64));
-  const uint32_t* xp = reinterpret_cast<const uint32_t*>(x.data_ptr<float>());
-  int64_t* op = out.data_ptr<int64_t>();
+// The plain-pointer body: rows t of x (stride xs) -> out[t].
+extern "C" void ie_argmax_raw(const float* x, int64_t T, int64_t V, int64_t xs, int64_t* op) {
+  const uint32_t* xp = reinterpret_cast<const uint32_t*>(x);
   constexpr int64_t kChunk = 64;
   for_rows(T, grain_rows(V), [&](int64_t b, int64_t end) {
     for (int64_t t = b; t < end; ++t) {
@@ -198,6 +194,14 @@ torch::Tensor argmax_rows(torch::Tensor x) {
       op[t] = pick;
     }
   });
+}
+
+torch::Tensor argmax_rows(torch::Tensor x) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.stride(1) == 1 &&
+              x.size(1) > 0);
+  auto out = torch::empty({x.size(0)}, torch::dtype(torch::kInt64));
+  ie_argmax_raw(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0),
+                out.data_ptr<int64_t>());
   return out;
 }
 
@@ -210,7 +214,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return std::map<std::string, int64_t>{
         {"rms_norm", reinterpret_cast<int64_t>(&ie_rms_norm_raw)},
         {"silu_and_mul", reinterpret_cast<int64_t>(&ie_silu_and_mul_raw)},
-        {"rope_neox", reinterpret_cast<int64_t>(&ie_rope_neox_raw)}};
+        {"rope_neox", reinterpret_cast<int64_t>(&ie_rope_neox_raw)},
+        {"argmax", reinterpret_cast<int64_t>(&ie_argmax_raw)}};
   }, "addresses of the plain-pointer kernels");
   m.def("set_parallel_runner", torch::wrap_pybind_function(set_parallel_runner),
         "set_parallel_runner");

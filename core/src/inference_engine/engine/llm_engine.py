@@ -21,7 +21,8 @@ from inference_engine.engine.model_runner import ModelRunner, StepBatch
 from inference_engine.engine.output_state import RequestGroup, SequenceState
 from inference_engine.engine.prompt_fork import PromptForks
 from inference_engine.engine.request import FinishReason, Request, RequestStatus
-from inference_engine.engine.scheduler import Scheduler, SchedulerOutput
+from inference_engine.engine.multi_step import MultiStepPlanner
+from inference_engine.engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from inference_engine.engine.state_cache import StateSlotManager, state_capacity_message
 from inference_engine.interfaces.block_diffusion import BlockDiffusionLM
 from inference_engine.interfaces.platform import MemoryProfiler
@@ -181,6 +182,8 @@ class LLMEngine:
                                  "a verify step needs the accepted tokens before the next one")
             self.async_scheduling = False
         self._in_flight: _StepInFlight | None = None
+        # Windows of several greedy decode steps for a lone greedy stream (multi_step.py).
+        self.multi_step = self._make_multi_step()
         self.num_generated_tokens = 0
         self.num_prompt_tokens_computed = 0
 
@@ -568,7 +571,10 @@ class LLMEngine:
         for state in [*self.held.release(), *self.forks.orphans()]:
             self._submit(state.request)
         self._admit_compiled(touched)
-        out = self.scheduler.schedule()
+        if self.multi_step is not None and self._run_greedy_window(touched):
+            out = SchedulerOutput()
+        else:
+            out = self.scheduler.schedule()
         # Block diffusion's DENOISE slots run apart from the flat forward (see _denoise).
         denoise = [s for s in out.scheduled if s.is_denoise]
         if denoise:
@@ -609,6 +615,49 @@ class LLMEngine:
                 and self.structured.num_waiting):
             self.structured.wait(timeout=0.05)  # nothing to run but grammars compiling
         return outputs
+
+    def _make_multi_step(self) -> MultiStepPlanner | None:
+        """The greedy-window planner where ``num_scheduler_steps > 1`` and the model has a
+        window (``CausalLM.greedy_window``); None otherwise, chosen once here: not with
+        speculative decoding, LoRA, a distributed engine, block diffusion or async
+        scheduling (a step in flight holds the next token on the device)."""
+        steps = self.config.scheduler.num_scheduler_steps
+        if (steps < 2 or self.model.greedy_window is None or self.spec is not None
+                or self.lora is not None or self.executor is not None
+                or self.diffusion is not None or self.async_scheduling):
+            return None
+        return MultiStepPlanner(steps, self.scheduler, self.blocks,
+                                self.model.ctx.hf_config.vocab_size)
+
+    def _run_greedy_window(self, touched: dict[str, RequestGroup]) -> bool:
+        """Run this step as a greedy window where :class:`MultiStepPlanner` allows: the
+        model computes up to K tokens of the lone running request in one call, which are
+        then applied one at a time with the usual stop checks (what follows a stop is
+        dropped). Returns whether it ran."""
+        if self._in_flight is not None or self.forks.num_waiting or self.structured.num_waiting:
+            return False
+        plan = self.multi_step.plan()
+        if plan is None:
+            return False
+        request = plan.request
+        state = self._sequences[request.request_id]
+        block_ids = self.blocks.req_blocks[request.request_id]
+        token_ids = self.model.greedy_window.run(
+            request.all_token_ids[-1], request.num_computed_tokens, block_ids, plan.stop_ids,
+            plan.num_steps)
+        self.multi_step.num_windows += 1
+        self.multi_step.num_window_tokens += len(token_ids)
+        for token in token_ids:
+            request.append_token(token)
+            self.num_generated_tokens += 1
+            self._check_stop(state, token)
+            if request.is_finished:
+                break
+        touched[state.group.request_id] = state.group
+        # Every token computed (its K/V written) but the last: the next step's input.
+        self.scheduler.update_after_step(SchedulerOutput(
+            [ScheduledRequest(request, len(token_ids), True, block_ids)]))
+        return True
 
     def _denoise(self, scheduled: list[Any], touched: dict[str, RequestGroup]) -> None:
         """One decoder pass for each DENOISE slot; a block that finishes is COMMITted: its

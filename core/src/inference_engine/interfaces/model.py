@@ -43,6 +43,11 @@ class ModelContext:
 class CausalLM(nn.Module, ABC):
     """A decoder-only language model over the flattened batch of one step."""
 
+    # Several greedy decode steps of one sequence in one call
+    # (:class:`~inference_engine.layers.cpu_greedy_window.CpuGreedyWindow`), bound in
+    # kv_cache_bound by the models that have one; None: one step per engine step.
+    greedy_window: Any = None
+
     def __init__(self, ctx: ModelContext) -> None:
         super().__init__()
         self.ctx = ctx

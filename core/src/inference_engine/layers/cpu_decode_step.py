@@ -54,6 +54,11 @@ class CpuDecodeStep:
         self._step = step
         self.max_rows = max_rows
 
+    @property
+    def kernel(self) -> Any:
+        """The bound C++ object (the greedy window binds its model ends onto it)."""
+        return self._step
+
     def applies(self, hidden: torch.Tensor, metadata: AttentionMetadata) -> bool:
         """A pure-decode step (one token per sequence) small enough for the GEMV kernel."""
         return (metadata.num_decodes == metadata.num_seqs == hidden.shape[0] <= self.max_rows

@@ -413,6 +413,9 @@ class DecoderForCausalLM(CausalLM):
 
     def kv_cache_bound(self) -> None:
         self.model.kv_cache_bound()
+        from inference_engine.layers.cpu_greedy_window import build_greedy_window
+
+        self.greedy_window = build_greedy_window(self)
 
     # ---- loading ---------------------------------------------------------------- #
 

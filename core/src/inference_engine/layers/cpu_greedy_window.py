@@ -1,0 +1,111 @@
+"""Several greedy decode steps of one sequence in one C++ call (multi-step decoding).
+
+After the whole-step C++ decode (:mod:`~inference_engine.layers.cpu_decode_step`) a
+batch-1 step still spends its time in Python between forwards: scheduling, input
+preparation, the LM head and argmax dispatch, output processing (figures in
+``docs/benchmarks.md``, "CPU single stream"). For a greedy sequence nothing in that
+Python changes the next token, so the bound step runs a *window* of K steps in one call
+(vLLM's former multi-step scheduling): the layers, the final norm, the LM head, argmax,
+then the picked token's embedding, position and cache slot, K times, stopping early at a
+stop id. Every kernel is the one the one-step path calls, on the same inputs, so the
+tokens are the one-step path's, bit for bit (tested).
+
+Chosen once, when the cache is bound (``DecoderForCausalLM.kv_cache_bound``):
+:func:`build_greedy_window` returns None, with the reason logged at debug level, unless
+the model is exactly the shared decoder with the C++ decode step bound, a float32
+embedding table, the final RMSNorm on the CPU kernel and an LM head the step can multiply
+by (packed bf16 or a quantization method's C product). The engine decides per batch
+whether a window applies (``engine/multi_step.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from inference_engine.layers.cpu_fused import fused_kernels
+from inference_engine.layers.cpu_gemv import is_packed
+
+__all__ = ["CpuGreedyWindow", "build_greedy_window", "greedy_window_blocker"]
+
+logger = logging.getLogger(__name__)
+
+
+class CpuGreedyWindow:
+    """The bound C++ greedy window of one sequence."""
+
+    def __init__(self, step: Any, vocab_size: int) -> None:
+        self._step = step
+        self.vocab_size = vocab_size
+        self._table = torch.empty(0, dtype=torch.int64)
+
+    def run(self, token: int, position: int, block_ids: list[int], stop_ids: torch.Tensor,
+            num_steps: int) -> list[int]:
+        """Up to ``num_steps`` greedy tokens after ``token`` (the last known token, at
+        ``position``, not in the cache yet), stopping after one in ``stop_ids`` (int64).
+
+        ``block_ids`` must hold a cache slot for positions ``position ..
+        position + num_steps - 1``; the K/V of every returned token but the last is written.
+        """
+        if len(block_ids) > self._table.numel():
+            self._table = torch.empty(max(len(block_ids), 2 * self._table.numel()),
+                                      dtype=torch.int64)
+        table = self._table[: len(block_ids)]
+        table.numpy()[:] = block_ids
+        out = torch.empty(num_steps, dtype=torch.int64)
+        with torch.inference_mode():
+            n = self._step.greedy_window(token, position, table, stop_ids, out)
+        return out[:n].tolist()
+
+
+def greedy_window_blocker(lm: torch.nn.Module) -> str | None:
+    """Why a greedy window cannot run ``lm`` (a ``DecoderForCausalLM``), or None."""
+    from inference_engine.layers.decoder import DecoderForCausalLM, DecoderModel
+    from inference_engine.layers.embedding import LMHead, VocabEmbedding
+
+    model = lm.model
+    if model.decode_step is None:
+        return "the layers have no C++ decode step"
+    cls = type(lm)
+    for name in ("forward", "embed", "compute_logits"):
+        if getattr(cls, name) is not getattr(DecoderForCausalLM, name):
+            return f"{cls.__name__} overrides {name}"
+    if type(model).forward is not DecoderModel.forward:
+        return f"{type(model).__name__} overrides forward"
+    embed = model.embed_tokens
+    if type(embed) is not VocabEmbedding or embed._tp.size != 1:
+        return f"the embedding is {type(embed).__name__} (a float32 table on one rank expected)"
+    if embed.weight.dtype != torch.float32 or not embed.weight.is_contiguous():
+        return "the embedding table is not contiguous float32"
+    norm = model.norm
+    if norm.fused_op != "cpu" or norm.weight.dtype != torch.float32:
+        return "the final norm does not use the CPU kernel on float32 weights"
+    head = lm.lm_head
+    if type(head) is LMHead:
+        if head._tp.size != 1 or head.rows_per_rank != head.vocab_size:
+            return "the LM head is split over ranks"
+        if head.gemv_weight is None or not is_packed(head.gemv_weight):
+            return "the LM head has no packed bf16 copy"
+    else:
+        return f"the LM head is {type(head).__name__}"
+    if fused_kernels() is None:
+        return "the CPU fused kernels are not built"
+    return None
+
+
+def build_greedy_window(lm: torch.nn.Module) -> CpuGreedyWindow | None:
+    """The greedy window bound to ``lm``'s weights and caches, or None (reason logged)."""
+    reason = greedy_window_blocker(lm)
+    if reason is not None:
+        logger.debug("no multi-step greedy window: %s", reason)
+        return None
+    model, head = lm.model, lm.lm_head
+    step = model.decode_step.kernel
+    step.bind_greedy(model.embed_tokens.weight.data, model.norm.weight.data,
+                     float(model.norm.eps), head.gemv_weight, None,
+                     int(head.vocab_size), model.rotary_emb.cos_sin_cache,
+                     fused_kernels().entry_points())
+    logger.debug("greedy decode windows run as one C++ call")
+    return CpuGreedyWindow(step, int(head.vocab_size))
