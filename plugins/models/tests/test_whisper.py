@@ -5,7 +5,9 @@ locally trained tokenizer) decodes synthesised audio: the engine's greedy tokens
 must equal transformers' greedy ``generate`` (GenerationMixin's, so no
 Whisper-specific logits processors) for every clip, whether the requests run
 together, join while others decode, are cut into prefill chunks or preempted.
-The engine runs on the CPU platform, as the reference does.
+The engine runs on the CPU platform, as the reference does. The cross-attention
+K/V of each request's encoder output live in the engine's per-sequence state pool:
+a slot per running request, sized at start-up beside the paged KV, freed with it.
 """
 
 from __future__ import annotations
@@ -69,6 +71,20 @@ def _params() -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=MAX_NEW, skip_special_tokens=False)
 
 
+def _slots_in_use(engine) -> int:
+    slots = engine.state_slots
+    return slots.num_slots - slots.num_free_slots
+
+
+def _slot_bytes(whisper_dir) -> int:
+    """One sequence's cross-attention K/V in float32: per decoder layer, K and V of
+    ``[heads, max_source_positions, head_dim]``."""
+    from transformers import WhisperConfig
+
+    cfg = WhisperConfig.from_pretrained(whisper_dir)
+    return cfg.decoder_layers * 2 * cfg.max_source_positions * cfg.d_model * 4
+
+
 def test_greedy_parity_batched(llm, features, prompt, reference):
     # The audio matters: the clips do not all decode alike.
     assert len({tuple(r) for r in reference}) > 1
@@ -76,7 +92,7 @@ def test_greedy_parity_batched(llm, features, prompt, reference):
                            _params())
     assert [o.outputs[0].token_ids for o in outputs] == reference
     # Finished requests leave no encoder state behind.
-    assert llm.engine.model.num_encoder_states == 0
+    assert _slots_in_use(llm.engine) == 0
 
 
 def test_requests_joining_midway_and_same_prompt_do_not_share_cache(llm, features, prompt,
@@ -103,21 +119,22 @@ def test_requests_joining_midway_and_same_prompt_do_not_share_cache(llm, feature
     while engine.has_unfinished_requests():
         step_until(1)
     assert done == {"a": reference[3], "b": reference[0], "c": reference[2]}
-    assert engine.model.num_encoder_states == 0
+    assert _slots_in_use(engine) == 0
 
 
 def test_chunked_prefill_and_preemption(whisper_dir, features, prompt, reference):
     # A 2-token step budget chunks every prompt; 10 blocks of 4 tokens (2 layers x K, V x 64
     # floats each) for 3 sequences of up to 18 tokens (5 blocks each) forces preemption and
-    # recompute (the encoder state survives it).
+    # recompute (a preempted request gives its state slot back: the encoder runs again).
+    # The budget holds the 3 state slots first.
     block_bytes = 2 * 2 * 4 * 64 * 4
-    llm = cpu_llm(whisper_dir, max_num_batched_tokens=2, block_size=4,
-                  kv_cache_memory=10 * block_bytes)
+    llm = cpu_llm(whisper_dir, max_num_batched_tokens=2, block_size=4, max_num_seqs=3,
+                  kv_cache_memory=10 * block_bytes + 3 * _slot_bytes(whisper_dir))
     outputs = llm.generate([{"prompt_token_ids": prompt, "encoder_inputs": f}
                             for f in features[:3]], _params())
     assert [o.outputs[0].token_ids for o in outputs] == reference[:3]
     assert llm.engine.scheduler.num_preemptions > 0
-    assert llm.engine.model.num_encoder_states == 0
+    assert _slots_in_use(llm.engine) == 0
 
 
 def test_abort_frees_encoder_state(llm, features, prompt):
@@ -125,9 +142,75 @@ def test_abort_frees_encoder_state(llm, features, prompt):
     engine.add_request({"prompt_token_ids": prompt, "encoder_inputs": features[1]}, _params(),
                        request_id="gone")
     engine.step()
-    assert engine.model.num_encoder_states == 1
+    assert _slots_in_use(engine) == 1
     engine.abort_request("gone")
-    assert engine.model.num_encoder_states == 0
+    assert _slots_in_use(engine) == 0
+
+
+def test_cross_attention_kv_lives_in_the_state_pool(llm, whisper_dir, features, prompt):
+    """The encoder output's K/V are the engine's per-sequence state: one pool tensor pair per
+    decoder layer, sized at start-up beside the paged KV (the start-up line names both), a
+    slot per running request holding that request's encoder K/V, none left after."""
+    from transformers import WhisperConfig
+
+    cfg = WhisperConfig.from_pretrained(whisper_dir)
+    engine = llm.engine
+    pool = engine.runner.state_pool
+    hd = cfg.d_model // cfg.decoder_attention_heads
+    assert len(pool.layer_tensors) == cfg.decoder_layers
+    for k, v in pool.layer_tensors:
+        assert k.shape == v.shape == (8, cfg.decoder_attention_heads,
+                                      cfg.max_source_positions, hd)
+    assert pool.num_bytes == 8 * _slot_bytes(whisper_dir)
+    assert f"state cache: 8 sequence slots x {_slot_bytes(whisper_dir) / 2**10:.1f} KiB" \
+        in engine.capacity_message
+    for rid, clip in (("x", 2), ("y", 3)):
+        engine.add_request({"prompt_token_ids": prompt, "encoder_inputs": features[clip]},
+                           _params(), request_id=rid)
+    engine.step()
+    assert _slots_in_use(engine) == 2
+    # Each slot holds its own audio's cross-attention K/V, as transformers computes them.
+    ref = WhisperForConditionalGeneration.from_pretrained(whisper_dir).eval()
+    with torch.no_grad():
+        encoded = ref.model.encoder(features[2:4]).last_hidden_state
+    layer = ref.model.decoder.layers[1].encoder_attn
+    for row, rid in enumerate(("x", "y")):
+        slot = engine.state_slots.slot(rid)
+        want_k = layer.k_proj(encoded[row]).view(-1, cfg.decoder_attention_heads, hd)
+        want_v = layer.v_proj(encoded[row]).view(-1, cfg.decoder_attention_heads, hd)
+        k, v = pool.layer_tensors[1]
+        torch.testing.assert_close(k[slot].transpose(0, 1), want_k, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(v[slot].transpose(0, 1), want_v, atol=1e-4, rtol=1e-4)
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert _slots_in_use(engine) == 0
+
+
+def test_admission_waits_for_a_free_state_slot(whisper_dir, features, prompt, reference):
+    """Sized from the budget: with the default max_num_seqs, the state pool takes at most half
+    the cache budget, here two slots. Four requests: two run, two wait (queued, not refused:
+    the scheduler has seats for all) until a slot is given back, and every request still
+    decodes its own audio."""
+    # Half of it holds 2 slots; the rest ~70 blocks of 16 tokens.
+    llm = cpu_llm(whisper_dir, kv_cache_memory=4 * _slot_bytes(whisper_dir) + 200_000)
+    engine = llm.engine
+    assert engine.state_slots.num_slots == 2
+    assert engine.scheduler.config.max_num_seqs > 4
+    assert "state cache: 2 sequence slots" in engine.capacity_message
+    for i, clip in enumerate(features):
+        engine.add_request({"prompt_token_ids": prompt, "encoder_inputs": clip}, _params(),
+                           request_id=str(i))
+    done: dict[str, list[int]] = {}
+    peak, waited = 0, False
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out.outputs[0].token_ids
+        peak = max(peak, _slots_in_use(engine))
+        waited |= _slots_in_use(engine) == 2 and engine.scheduler.num_waiting > 0
+    assert peak == 2 and waited
+    assert done == {str(i): ref for i, ref in enumerate(reference)}
+    assert _slots_in_use(engine) == 0
 
 
 def test_refusals(llm, features, prompt, tmp_path):

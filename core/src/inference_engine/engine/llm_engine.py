@@ -23,7 +23,12 @@ from inference_engine.engine.prompt_fork import PromptForks
 from inference_engine.engine.request import FinishReason, Request, RequestStatus
 from inference_engine.engine.multi_step import MultiStepPlanner
 from inference_engine.engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
-from inference_engine.engine.state_cache import StateSlotManager, state_capacity_message
+from inference_engine.engine.state_cache import (
+    StateCachePool,
+    StateSlotManager,
+    state_capacity_message,
+    state_layers,
+)
 from inference_engine.interfaces.block_diffusion import BlockDiffusionLM
 from inference_engine.interfaces.platform import MemoryProfiler
 from inference_engine.lora.request import LoRARequest
@@ -84,6 +89,7 @@ class LLMEngine:
         self.max_model_len = loaded.max_model_len
         self.dtype = loaded.dtype
         sched = config.scheduler
+        max_num_seqs_given = sched.max_num_seqs is not None
         if sched.max_num_seqs is None:
             sched.max_num_seqs = self.platform.default_max_num_seqs()
         block_size = config.cache.block_size
@@ -108,9 +114,10 @@ class LLMEngine:
         )
         if self.executor is not None:  # the runner's collective calls reach every rank
             self.runner = self.executor.wrap_runner(self.runner)
-        # Hybrid models: a per-sequence state slot for every request that can run at once,
-        # allocated before the KV pool is sized (it comes out of the same budget).
-        state_pool = self.runner.allocate_state_cache(sched.max_num_seqs)
+        # Hybrid and encoder-decoder models: a per-sequence state slot for every request that
+        # can run at once, allocated before the KV pool is sized (it comes out of the same
+        # budget; _num_state_slots).
+        state_pool = self.runner.allocate_state_cache(self._num_state_slots(max_num_seqs_given))
         self._state_cache_bytes = state_pool.num_bytes if state_pool is not None else 0
         if state_pool is not None:
             self._refuse_with_state()
@@ -250,14 +257,43 @@ class LLMEngine:
                                   self.config.cache.block_size)
         return SpecDecoder(build_proposer(spec, context))
 
+    def _default_kv_memory(self) -> int:
+        """The cache budget without ``--kv-cache-memory`` where no profiler sizes it."""
+        free, _total = self.platform.memory_info()
+        return min(int(free * DEFAULT_KV_FRACTION), DEFAULT_KV_CAP) if free else 1 << 30
+
+    def _num_state_slots(self, max_num_seqs_given: bool) -> int:
+        """Slots of the per-sequence state pool: ``max_num_seqs`` (every request that can
+        run at once). Where max_num_seqs is the platform's default and that many slots
+        would take more than half the cache budget (Whisper's cross-attention K/V are
+        megabytes per request), only as many as half the budget holds: the paged KV keeps
+        the rest and admission waits for a free slot. A given ``--max-num-seqs`` is kept
+        (and refused by _num_blocks, naming the pool, if it leaves no room)."""
+        max_seqs = self.config.scheduler.max_num_seqs
+        specs = [layer.state_cache_spec() for layer in state_layers(self.model)]
+        if max_num_seqs_given or not specs:
+            return max_seqs
+        memory = self.config.cache.kv_cache_memory
+        profiler = self.platform.memory_profiler()
+        if memory is None and profiler is not None:  # before profiling: what is left now
+            _free, total = self.platform.memory_info()
+            memory = int(total * self.config.cache.gpu_memory_utilization) - profiler.allocated()
+        elif memory is None:
+            memory = self._default_kv_memory()
+        fit = max(1, memory // 2 // StateCachePool.bytes_per_slot_for(specs))
+        if fit >= max_seqs:
+            return max_seqs
+        logger.info("state cache: %d sequence slots (half the cache budget) instead of "
+                    "max_num_seqs=%d; pass --max-num-seqs to choose", fit, max_seqs)
+        return int(fit)
+
     def _num_blocks(self, bytes_per_block: int) -> int:
         memory = self.config.cache.kv_cache_memory
         profiler = self.platform.memory_profiler()
         if memory is None and profiler is not None:
             memory = self._profiled_kv_memory(profiler)
         elif memory is None:
-            free, _total = self.platform.memory_info()
-            memory = min(int(free * DEFAULT_KV_FRACTION), DEFAULT_KV_CAP) if free else 1 << 30
+            memory = self._default_kv_memory()
         # The per-sequence state pool (hybrid models) comes out of the same budget.
         num_blocks = max(0, memory - self._state_cache_bytes) // bytes_per_block
         if self.config.cache.kv_cache_memory is None and profiler is None:
@@ -455,12 +491,6 @@ class LLMEngine:
                              f"(text only): the prompt holds the image token {image_token}")
         self.diffusion.defaults.with_overrides(params.extra_args)
 
-    def _release_encoder(self, request_id: str) -> None:
-        """Free an encoder-decoder model's state of a request that is gone."""
-        release = getattr(self.model, "release_encoder", None)
-        if release is not None:
-            release(request_id)
-
     def _submit(self, request: Request) -> None:
         if request.params.structured_outputs is not None:
             # Scheduled once its grammar is compiled (off this thread): see step().
@@ -535,7 +565,6 @@ class LLMEngine:
             if self.spec is not None:
                 self.spec.remove(child.request.request_id)
             self.structured.remove(child.request.request_id)
-            self._release_encoder(child.request.request_id)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._groups) or bool(self._pending_outputs) or self._in_flight is not None

@@ -76,9 +76,8 @@ class StepBatch:
     # Per sequence: its slot of the per-sequence state pool (hybrid models); None: the
     # sequences' own indices (a profiling step) or no state pool.
     state_slots: list[int] | None = None
-    # Encoder-decoder models: each sequence's request id and encoder input (None where
-    # no scheduled request has encoder inputs).
-    request_ids: list[str] | None = None
+    # Encoder-decoder models: per sequence, its encoder input where it has no computed
+    # context (its state slot is written this step), else None; None when no sequence has one.
     encoder_inputs: list[Any] | None = None
 
     @classmethod
@@ -121,11 +120,13 @@ class StepBatch:
 
 
 def _encoder_fields(scheduled: Sequence[Any]) -> dict[str, Any]:
-    """StepBatch's request ids and encoder inputs, when some request has encoder inputs."""
-    inputs = [s.request.encoder_inputs for s in scheduled]
+    """StepBatch's encoder inputs: those of sequences with no computed context (their first
+    step, or the first after a preemption), whose state slots the encoder fills now."""
+    inputs = [s.request.encoder_inputs if s.request.num_computed_tokens == 0 else None
+              for s in scheduled]
     if all(x is None for x in inputs):
         return {}
-    return {"request_ids": [s.request.request_id for s in scheduled], "encoder_inputs": inputs}
+    return {"encoder_inputs": inputs}
 
 
 def attention_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -208,11 +209,6 @@ class ModelRunner:
         self.model.kv_cache_bound()
         return self.pool
 
-    def release_request(self, request_id: str) -> None:
-        """The request is gone: an encoder-decoder model frees its encoder state."""
-        if self.encoder_decoder is not None:
-            self.encoder_decoder.release_encoder(request_id)
-
     def release_kv_cache(self) -> None:
         """Drop the pool (after a profiling run); layers hold no cache until the next one."""
         for layer in self.layers:
@@ -245,8 +241,9 @@ class ModelRunner:
         """The step's ``[num_seqs]`` state slots on the device (None without a state pool)."""
         if self.state_pool is None:
             return None
+        # A dummy (profiling) step may hold more sequences than slots: they share them.
         slots = (batch.state_slots if batch.state_slots is not None
-                 else range(len(batch.query_lens)))
+                 else [i % self.state_pool.num_slots for i in range(len(batch.query_lens))])
         return torch.tensor(list(slots), dtype=torch.int64).to(self.device, non_blocking=True)
 
     def graphs_possible(self) -> tuple[bool, str]:
@@ -442,7 +439,7 @@ class ModelRunner:
         self._fill_pending(batch)
         metadata = self._metadata(batch, total)
         if self.encoder_decoder is not None:
-            self.encoder_decoder.prepare_encoder(batch.request_ids, batch.encoder_inputs)
+            self.encoder_decoder.prepare_encoder(batch.encoder_inputs, metadata)
         hidden = self.model(self.buffers.device_view("input_ids", total),
                             self.buffers.device_view("positions", total), metadata)
         prompt_logits = {i: self.model.compute_logits(hidden[int(cu[i]) : int(cu[i + 1])])

@@ -7,7 +7,8 @@ slot across all of them. The block manager takes a slot when it first allocates
 for a request and gives it back when it frees the request (finish, abort,
 preemption), so the scheduler needs no changes to respect the pool; the engine
 sizes it at start-up to ``max_num_seqs`` slots (every request that can run at
-once) and takes its bytes out of the KV budget.
+once; fewer where the default would take over half the budget, see
+``LLMEngine._num_state_slots``) and takes its bytes out of the KV budget.
 """
 
 from __future__ import annotations

@@ -1,11 +1,15 @@
 """Encoder-decoder models (Whisper): an encoder run once per request, a paged decoder.
 
 The decoder is an ordinary :class:`CausalLM` over the flattened step (its
-self-attention K/V in the paged pool); what it adds is per-request encoder
-state that its cross-attention reads. The model runner tells the model, before
-each forward, which request each sequence of the step belongs to and hands it
-the encoder inputs of requests it has not encoded yet; the engine tells it when
-a request is gone so the state is freed.
+self-attention K/V in the paged pool). What it adds is the encoder output its
+cross-attention reads, kept as per-sequence state of a fixed size in the engine's
+state pool (its layers declare a
+:class:`~inference_engine.interfaces.state_cache.StateCacheSpec`). Before each
+forward the model runner hands the model the encoder inputs of the sequences
+that start this step (no computed context: first step, or first after a
+preemption); the model encodes them and writes the result into those
+sequences' slots. The slot goes back with the request's blocks, so nothing is
+kept per request outside the engine's pools.
 """
 
 from __future__ import annotations
@@ -14,40 +18,30 @@ from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
+from inference_engine.interfaces.attention import AttentionMetadata
 from inference_engine.interfaces.model import CausalLM
 
 __all__ = ["EncoderDecoderLM"]
 
 
 class EncoderDecoderLM(CausalLM):
-    """A :class:`CausalLM` whose decoder cross-attends per-request encoder states."""
+    """A :class:`CausalLM` whose decoder cross-attends encoder states in the state pool."""
 
     @abstractmethod
-    def prepare_encoder(self, request_ids: Sequence[str] | None,
-                        encoder_inputs: Sequence[Any] | None) -> None:
-        """Called before each forward with the step's sequences in row order.
+    def prepare_encoder(self, encoder_inputs: Sequence[Any] | None,
+                        metadata: AttentionMetadata) -> None:
+        """Called before each forward: encode the sequences that start this step.
 
-        Runs the encoder (batched) for the requests it has no state for yet and
-        remembers the row order for the forward's cross-attention.
+        Runs the encoder (batched) on every non-None input and writes what the
+        cross-attention reads into those sequences' ``metadata.state_slots``.
 
         Args:
-            request_ids: each scheduled sequence's request id; None for a dummy
-                (profiling) step without requests.
-            encoder_inputs: each sequence's encoder input (Whisper: ``[n_mels, frames]``
-                features), parallel to ``request_ids``.
-
-        Raises:
-            ValueError: a sequence that has neither encoder state nor an input.
+            encoder_inputs: per sequence in row order, its encoder input (Whisper:
+                ``[n_mels, frames]`` features) where the sequence has no computed context,
+                None where its slot already holds its state; None for a step with nothing
+                to encode (a profiling step, or only continuing sequences).
+            metadata: the step's attention metadata (its ``state_slots``).
         """
-
-    @abstractmethod
-    def release_encoder(self, request_id: str) -> None:
-        """Free the request's encoder state (finished or aborted); unknown ids are ignored."""
-
-    @property
-    def num_encoder_states(self) -> int:
-        """Requests whose encoder state is held (for tests and stats)."""
-        return 0
 
     @staticmethod
     def encoder_input_error(encoder_inputs: Any) -> str | None:

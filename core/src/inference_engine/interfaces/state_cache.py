@@ -1,12 +1,13 @@
 """What a layer keeps per sequence, at a fixed size, beside the paged KV cache.
 
 Recurrent layers (Mamba-2's conv window and SSM state; a compressor's running
-sums) carry a state whose size does not grow with the context, so paging it by
-token makes no sense: each running sequence owns one *slot* of a per-sequence
-pool instead. A layer declares its state by answering ``state_cache_spec()``
-with a :class:`StateCacheSpec`; the model runner allocates one tensor per
-declared entry with a leading slot dimension and binds them to the layer's
-``state_cache`` attribute. The step's slot of every sequence reaches the layer
+sums) carry a state whose size does not grow with the context, and an
+encoder-decoder's cross-attention reads K/V of a fixed-length encoder output
+(Whisper), so paging either by token makes no sense: each running sequence owns
+one *slot* of a per-sequence pool instead. A layer declares its state by
+answering ``state_cache_spec()`` with a :class:`StateCacheSpec`; the model
+runner allocates one tensor per declared entry with a leading slot dimension and
+binds them to the layer's ``state_cache`` attribute. The step's slot of every sequence reaches the layer
 as ``AttentionMetadata.state_slots``. A model with no such layer has no state
 pool at all (docs/engine.md, "Per-sequence state cache").
 """
@@ -44,6 +45,11 @@ class StateCacheSpec:
     from the slot's content otherwise, and leaves the state after the step's last token
     in the slot. So chunked prefill carries the state across chunks, recompute after
     preemption starts clean, and nothing has to be zeroed on allocation.
+
+    State written once rather than carried by recurrence (an encoder-decoder's
+    cross-attention K/V of its encoder output) keeps the same contract: the step where a
+    sequence has no computed context writes the whole slot (the encoder runs then), every
+    later step only reads it. Preemption frees the slot, so recompute writes it again.
     """
 
     tensors: tuple[StateTensorSpec, ...]

@@ -3,10 +3,13 @@
 The encoder (two GELU convolutions, sinusoidal positions, pre-LN bidirectional
 layers) runs once per request on its 30 s window of log-mel features, batched
 with the other requests that start in the same step. Each decoder layer's
-cross-attention K/V of that output are computed then and kept per request
-(:class:`CrossAttentionStore`) until the engine releases the request; the
-decoder's self-attention K/V live in the paged pool like any decoder's, so
-decoder tokens batch, chunk, preempt and recompute as text requests do.
+cross-attention K/V of that output are fixed-size per-sequence state
+(:class:`WhisperCrossAttention` declares a ``StateCacheSpec``): the encoder step
+writes them into the sequence's slot of the engine's state pool on its first
+step (again after a preemption, which frees the slot), and every step reads
+them by slot on the device. The decoder's self-attention K/V live in the paged
+pool like any decoder's, so decoder tokens batch, chunk, preempt and recompute
+as text requests do; the slot is freed with the request's blocks.
 
 Checkpoint names are transformers' (``model.encoder.*``, ``model.decoder.*``);
 ``proj_out`` is tied to the token embedding unless ``tie_word_embeddings`` is off.
@@ -22,6 +25,7 @@ import torch.nn.functional as F
 from inference_engine.interfaces.attention import AttentionMetadata
 from inference_engine.interfaces.encoder_decoder import EncoderDecoderLM
 from inference_engine.interfaces.model import ModelContext
+from inference_engine.interfaces.state_cache import StateCacheSpec, StateTensorSpec
 from inference_engine.layers import (
     Attention,
     LMHead,
@@ -32,7 +36,7 @@ from inference_engine.layers import (
 )
 from torch import nn
 
-__all__ = ["CrossAttentionStore", "WhisperForConditionalGeneration"]
+__all__ = ["WhisperCrossAttention", "WhisperForConditionalGeneration"]
 
 _ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
 
@@ -120,54 +124,56 @@ class WhisperEncoder(nn.Module):
         return self.layer_norm(x)
 
 
-class CrossAttentionStore:
-    """Each request's cross-attention K/V, per decoder layer, from its encoder output.
+class WhisperCrossAttention(_Projections):
+    """A decoder layer's attention to its sequence's encoder output.
 
-    NOTE: held per request, outside the paged pool: a request's encoder output has a fixed
-    length (``max_source_positions``), computed once and read by every decode step, so
-    paging it buys nothing; it is freed when the engine releases the request.
+    The K/V of the encoder output (``[heads, encoder_len, head_dim]`` each, the model
+    dtype) are per-sequence state of a fixed size: the engine's state pool holds them
+    in the sequence's slot (``state_cache``, bound by the model runner), written once by
+    :meth:`write` on the sequence's first step and read by every step through the
+    step's ``state_slots``, all sequences in one gather.
     """
 
-    def __init__(self) -> None:
-        # request id -> per layer (k, v), each [frames, heads, head_dim].
-        self.states: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    def __init__(self, ctx: ModelContext, dim: int, heads: int, encoder_len: int,
+                 prefix: str) -> None:
+        super().__init__(ctx, dim, prefix)
+        self.num_heads, self.head_dim = heads, dim // heads
+        self.encoder_len = encoder_len
+        self.dtype = ctx.dtype
+        # (K, V), each [num_slots, heads, encoder_len, head_dim]; bound by the runner.
+        self.state_cache: tuple[torch.Tensor, ...] | None = None
 
-    def __contains__(self, request_id: str) -> bool:
-        return request_id in self.states
+    def state_cache_spec(self) -> StateCacheSpec:
+        one = StateTensorSpec((self.num_heads, self.encoder_len, self.head_dim), self.dtype)
+        return StateCacheSpec((one, one))
 
-    def __len__(self) -> int:
-        return len(self.states)
+    def _bound_cache(self) -> tuple[torch.Tensor, ...]:
+        if self.state_cache is None:
+            raise RuntimeError("Whisper cross-attention has no state cache: the model runner "
+                               "binds WhisperCrossAttention.state_cache before a forward")
+        return self.state_cache
 
+    def write(self, encoded: torch.Tensor, slots: torch.Tensor) -> None:
+        """Store the K/V of ``encoded [seqs, encoder_len, d]`` in ``slots [seqs]``."""
+        n, t, d = encoded.shape
+        flat = encoded.reshape(n * t, d)
+        shape = (n, t, self.num_heads, self.head_dim)
+        for cache, proj in zip(self._bound_cache(), (self.k_proj, self.v_proj), strict=True):
+            cache.index_copy_(0, slots, proj(flat).view(shape).transpose(1, 2).to(cache.dtype))
 
-class WhisperDecoderLayer(nn.Module):
-    def __init__(self, ctx: ModelContext, prefix: str) -> None:
-        super().__init__()
-        cfg = ctx.hf_config
-        d, h = cfg.d_model, cfg.decoder_attention_heads
-        self.num_heads, self.head_dim = h, d // h
-        self.self_attn = _Projections(ctx, d, f"{prefix}.self_attn")
-        self.attn = Attention(ctx, h, d // h, h, (d // h) ** -0.5, f"{prefix}.self_attn")
-        self.self_attn_layer_norm = _layer_norm(d, ctx)
-        self.encoder_attn = _Projections(ctx, d, f"{prefix}.encoder_attn")
-        self.encoder_attn_layer_norm = _layer_norm(d, ctx)
-        self.mlp = _MLP(ctx, d, cfg.decoder_ffn_dim, cfg.activation_function, prefix)
-        self.final_layer_norm = _layer_norm(d, ctx)
-
-    def cross_kv(self, encoded: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``encoded [frames, d]`` -> K, V ``[frames, heads, head_dim]``."""
-        shape = (encoded.shape[0], self.num_heads, self.head_dim)
-        return (self.encoder_attn.k_proj(encoded).view(shape),
-                self.encoder_attn.v_proj(encoded).view(shape))
-
-    def cross_attend(self, x: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]],
-                     query_lens: list[int]) -> torch.Tensor:
-        """Each sequence's queries attend its own request's encoder K/V (no mask: every
-        encoder position is valid); sequences are padded to the longest query."""
+    def forward(self, x: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        """Each sequence's queries attend its own slot's encoder K/V (no mask: every encoder
+        position is valid); sequences are padded to the longest query."""
+        if metadata.state_slots is None:
+            raise RuntimeError("Whisper cross-attention needs the step's state_slots")
+        k_cache, v_cache = self._bound_cache()
         t, d = x.shape
         h, hd = self.num_heads, self.head_dim
-        q = self.encoder_attn.q_proj(x).view(t, h, hd)
-        k = torch.stack([pair[0] for pair in kv]).transpose(1, 2)
-        v = torch.stack([pair[1] for pair in kv]).transpose(1, 2)
+        query_lens = metadata.query_lens_list
+        slots = metadata.state_slots
+        # [seqs, heads, encoder_len, head_dim], one gather per tensor for the whole step.
+        k, v = k_cache.index_select(0, slots), v_cache.index_select(0, slots)
+        q = self.q_proj(x).view(t, h, hd)
         longest = max(query_lens)
         if longest == 1:  # pure decode: one query per sequence, no padding
             qb = q.unsqueeze(2)
@@ -184,17 +190,30 @@ class WhisperDecoderLayer(nn.Module):
             out = o.reshape(t, d)
         else:
             out = torch.cat([o[i, :n] for i, n in enumerate(query_lens)]).reshape(t, d)
-        return self.encoder_attn.out_proj(out)
+        return self.out_proj(out)
 
-    def forward(self, x: torch.Tensor, metadata: AttentionMetadata,
-                kv: list[tuple[torch.Tensor, torch.Tensor]] | None) -> torch.Tensor:
+
+class WhisperDecoderLayer(nn.Module):
+    def __init__(self, ctx: ModelContext, prefix: str) -> None:
+        super().__init__()
+        cfg = ctx.hf_config
+        d, h = cfg.d_model, cfg.decoder_attention_heads
+        self.num_heads, self.head_dim = h, d // h
+        self.self_attn = _Projections(ctx, d, f"{prefix}.self_attn")
+        self.attn = Attention(ctx, h, d // h, h, (d // h) ** -0.5, f"{prefix}.self_attn")
+        self.self_attn_layer_norm = _layer_norm(d, ctx)
+        self.encoder_attn = WhisperCrossAttention(ctx, d, h, cfg.max_source_positions,
+                                                  f"{prefix}.encoder_attn")
+        self.encoder_attn_layer_norm = _layer_norm(d, ctx)
+        self.mlp = _MLP(ctx, d, cfg.decoder_ffn_dim, cfg.activation_function, prefix)
+        self.final_layer_norm = _layer_norm(d, ctx)
+
+    def forward(self, x: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
         proj = self.self_attn
         y = self.self_attn_layer_norm(x)
         x = x + proj.out_proj(self.attn(proj.q_proj(y), proj.k_proj(y), proj.v_proj(y),
                                         metadata))
-        if kv is not None:
-            x = x + self.cross_attend(self.encoder_attn_layer_norm(x), kv,
-                                      metadata.query_lens_list)
+        x = x + self.encoder_attn(self.encoder_attn_layer_norm(x), metadata)
         return x + self.mlp(self.final_layer_norm(x))
 
 
@@ -221,7 +240,8 @@ class _WhisperModel(nn.Module):
 class WhisperForConditionalGeneration(EncoderDecoderLM):
     """Whisper speech recognition and translation over the engine's paged decoder."""
 
-    # Cross-attention reads per-request state chosen on the host each step.
+    # The encoder runs on the host's say (prepare_encoder) outside the forward; a replayed
+    # decode graph would skip it for a one-token decoder prompt.
     graph_safe = False
 
     def __init__(self, ctx: ModelContext) -> None:
@@ -237,9 +257,6 @@ class WhisperForConditionalGeneration(EncoderDecoderLM):
         tied = getattr(cfg, "tie_word_embeddings", True)
         self.proj_out = LMHead(cfg.vocab_size, cfg.d_model, ctx.dtype,
                                tied_to=self.model.decoder.embed_tokens if tied else None)
-        self.store = CrossAttentionStore()
-        # The step's per-sequence cross K/V per layer (set by prepare_encoder).
-        self._step_kv: list[list[tuple[torch.Tensor, torch.Tensor]]] | None = None
 
     # ---- encoder state ---------------------------------------------------------------
     def encoder_input_error(self, encoder_inputs: Any) -> str | None:
@@ -253,46 +270,28 @@ class WhisperForConditionalGeneration(EncoderDecoderLM):
         return None
 
     @torch.inference_mode()
-    def prepare_encoder(self, request_ids: Sequence[str] | None,
-                        encoder_inputs: Sequence[Any] | None) -> None:
-        if request_ids is None:
-            self._step_kv = None
+    def prepare_encoder(self, encoder_inputs: Sequence[Any] | None,
+                        metadata: AttentionMetadata) -> None:
+        if encoder_inputs is None:
             return
-        inputs = encoder_inputs or [None] * len(request_ids)
-        new = {rid: feats for rid, feats in zip(request_ids, inputs, strict=True)
-               if rid not in self.store}
-        missing = [rid for rid, feats in new.items() if feats is None]
-        if missing:
-            raise ValueError(f"Whisper: request(s) {missing[:4]} have no audio features")
-        if new:
-            self._encode(list(new), list(new.values()))
-        states = [self.store.states[rid] for rid in request_ids]
-        self._step_kv = [[state[layer] for state in states]
-                         for layer in range(len(self.model.decoder.layers))]
-
-    def _encode(self, request_ids: list[str], features: list[torch.Tensor]) -> None:
-        dtype = self.ctx.dtype
-        batch = torch.stack(features).to(self.ctx.device, dtype)
+        rows = [i for i, feats in enumerate(encoder_inputs) if feats is not None]
+        if not rows:
+            return
+        if metadata.state_slots is None:
+            raise RuntimeError("Whisper's encoder needs the step's state_slots to store into")
+        batch = torch.stack([encoder_inputs[i] for i in rows]).to(self.ctx.device, self.ctx.dtype)
         encoded = self.model.encoder(batch)
-        for i, rid in enumerate(request_ids):
-            self.store.states[rid] = [layer.cross_kv(encoded[i])
-                                      for layer in self.model.decoder.layers]
-
-    def release_encoder(self, request_id: str) -> None:
-        self.store.states.pop(request_id, None)
-
-    @property
-    def num_encoder_states(self) -> int:
-        return len(self.store)
+        slots = metadata.state_slots[torch.tensor(rows, device=metadata.state_slots.device)]
+        for layer in self.model.decoder.layers:
+            layer.encoder_attn.write(encoded, slots)
 
     # ---- decoder -------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 metadata: AttentionMetadata) -> torch.Tensor:
         dec = self.model.decoder
         x = dec.embed_tokens(input_ids) * dec.embed_scale + dec.embed_positions(positions)
-        step_kv = self._step_kv
-        for i, layer in enumerate(dec.layers):
-            x = layer(x, metadata, step_kv[i] if step_kv is not None else None)
+        for layer in dec.layers:
+            x = layer(x, metadata)
         return dec.layer_norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
