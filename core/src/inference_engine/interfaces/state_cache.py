@@ -7,9 +7,9 @@ encoder-decoder's cross-attention reads K/V of a fixed-length encoder output
 one *slot* of a per-sequence pool instead. A layer declares its state by
 answering ``state_cache_spec()`` with a :class:`StateCacheSpec`; the model
 runner allocates one tensor per declared entry with a leading slot dimension and
-binds them to the layer's ``state_cache`` attribute. The step's slot of every sequence reaches the layer
-as ``AttentionMetadata.state_slots``. A model with no such layer has no state
-pool at all (docs/engine.md, "Per-sequence state cache").
+binds them to the layer's ``state_cache`` attribute. The step's slot of every
+sequence reaches the layer as ``AttentionMetadata.state_slots``. A model with no
+such layer has no state pool at all (docs/engine.md, "Per-sequence state cache").
 """
 
 from __future__ import annotations
