@@ -174,23 +174,31 @@ class WhisperCrossAttention(_Projections):
         # [seqs, heads, encoder_len, head_dim], one gather per tensor for the whole step.
         k, v = k_cache.index_select(0, slots), v_cache.index_select(0, slots)
         q = self.q_proj(x).view(t, h, hd)
-        longest = max(query_lens)
+        seqs, longest = len(query_lens), max(query_lens)
         if longest == 1:  # pure decode: one query per sequence, no padding
             qb = q.unsqueeze(2)
         else:
-            qb = q.new_zeros(len(query_lens), longest, h, hd)
-            start = 0
-            for i, n in enumerate(query_lens):
-                qb[i, :n] = q[start : start + n]
-                start += n
-            qb = qb.transpose(1, 2)
+            rows = _padded_rows(metadata, longest, q.device)
+            qb = q.new_zeros(seqs * longest, h, hd).index_copy_(0, rows, q)
+            qb = qb.view(seqs, longest, h, hd).transpose(1, 2)
         # o: [seqs, heads, longest, head_dim]
         o = F.scaled_dot_product_attention(qb, k, v, scale=hd ** -0.5).transpose(1, 2)
         if longest == 1:
             out = o.reshape(t, d)
         else:
-            out = torch.cat([o[i, :n] for i, n in enumerate(query_lens)]).reshape(t, d)
+            out = o.reshape(seqs * longest, d).index_select(0, rows)
         return self.out_proj(out)
+
+
+def _padded_rows(metadata: AttentionMetadata, longest: int, device: torch.device) -> torch.Tensor:
+    """Each token's row in the step's queries padded to ``[seqs, longest]`` (sequence i's
+    j-th token -> ``i * longest + j``); built once per step, shared by every layer."""
+    rows = metadata.backend_cache.get("whisper_padded_rows")
+    if rows is None:
+        rows = torch.tensor([i * longest + j for i, n in enumerate(metadata.query_lens_list)
+                             for j in range(n)], dtype=torch.int64).to(device)
+        metadata.backend_cache["whisper_padded_rows"] = rows
+    return rows
 
 
 class WhisperDecoderLayer(nn.Module):
