@@ -142,6 +142,52 @@ def test_draft_model_lossless_and_self_drafting_accepts_nearly_all(plain_greedy)
             == _ids(plain_llm.generate(PROMPTS, params, use_tqdm=False)))
 
 
+def test_probabilistic_draft_model_is_lossless_and_batch_independent(plain_greedy):
+    # draft_sample_method probabilistic: drafts drawn with the request's parameters and
+    # their q verified by min(1, p/q). The target drafting for itself has q = p (up to
+    # float rounding), so nearly every sampled draft is accepted, which a point-mass
+    # draft (accepted with p(d)) would not be at temperature 1.
+    config = {"method": "draft_model", "model": str(DEMO), "num_speculative_tokens": 3,
+              "draft_sample_method": "probabilistic"}
+    llm = _llm(speculative_config=config)
+    assert _ids(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == plain_greedy
+    params = [SamplingParams(temperature=1.0, top_p=0.95, seed=s, max_tokens=16,
+                             ignore_eos=True) for s in range(4)]
+    before = dict(llm.engine.stats())
+    together = _ids(llm.generate(PROMPTS, params, use_tqdm=False))
+    stats = llm.engine.stats()
+    drafts = stats["spec_decode_num_drafts"] - before["spec_decode_num_drafts"]
+    accepted = (stats["spec_decode_num_accepted_tokens"]
+                - before["spec_decode_num_accepted_tokens"])
+    assert drafts > 0 and 1 + accepted / drafts > 3.5
+    # Seeded requests: the same tokens whatever else is in the batch.
+    alone = [_ids(llm.generate([p], [sp], use_tqdm=False))[0]
+             for p, sp in zip(PROMPTS, params, strict=True)]
+    assert together == alone
+    assert _ids(llm.generate(PROMPTS[::-1], params[::-1], use_tqdm=False)) == together[::-1]
+    with pytest.raises(ValueError, match="draft_sample_method.*ngram"):
+        _llm(speculative_config={**NGRAM, "draft_sample_method": "probabilistic"})
+
+
+@pytest.mark.parametrize("method", ["eagle3", "dflash"])
+def test_probabilistic_hidden_state_drafters_are_lossless_and_batch_independent(
+        method, plain_greedy, tmp_path):
+    from inference_engine.speculative.testing import make_dflash_drafter, make_eagle3_drafter
+
+    model = (make_eagle3_drafter(tmp_path / "e", DEMO) if method == "eagle3" else
+             make_dflash_drafter(tmp_path / "d", DEMO, block_size=4, target_layer_ids=(1, 3)))
+    llm = _llm(speculative_config={"method": method, "model": str(model),
+                                   "num_speculative_tokens": 3,
+                                   "draft_sample_method": "probabilistic"})
+    assert _ids(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == plain_greedy
+    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=12, ignore_eos=True)
+              for s in range(3)]
+    together = _ids(llm.generate(PROMPTS[:3], params, use_tqdm=False))
+    assert llm.engine.stats()["spec_decode_num_draft_tokens"] > 0
+    assert [_ids(llm.generate([p], [sp], use_tqdm=False))[0]
+            for p, sp in zip(PROMPTS[:3], params, strict=True)] == together
+
+
 def test_abort_mid_speculation_frees_everything(ngram):
     engine = ngram.engine
     rid = engine.add_request(PROMPTS[0], SamplingParams(temperature=0, max_tokens=200,

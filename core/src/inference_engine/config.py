@@ -351,6 +351,9 @@ class SpeculativeConfig:
     model: str | None = None
     # draft_model: dtype of the drafter; None: the target's.
     draft_dtype: str | None = None
+    # Model drafters: "greedy" (argmax drafts, a point mass) or "probabilistic" (drafts
+    # drawn with the request's sampling parameters, their probabilities q verified).
+    draft_sample_method: str = "greedy"
 
     def __post_init__(self) -> None:
         if self.method is None:
@@ -379,6 +382,9 @@ class SpeculativeConfig:
         if self.draft_dtype is not None and self.draft_dtype not in DTYPES:
             raise ValueError(f"speculative_config 'draft_dtype' must be one of {DTYPES}, got "
                              f"{self.draft_dtype!r}")
+        if self.draft_sample_method not in ("greedy", "probabilistic"):
+            raise ValueError(f"speculative_config 'draft_sample_method' must be 'greedy' or "
+                             f"'probabilistic', got {self.draft_sample_method!r}")
 
     @property
     def enabled(self) -> bool:

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from inference_engine.config import EngineConfig, SpeculativeConfig
     from inference_engine.interfaces.attention import KVCacheSpec
     from inference_engine.interfaces.platform import Platform
+    from inference_engine.sampling_params import SamplingParams
 
 __all__ = ["DraftRequest", "Proposal", "Proposer", "ProposerContext"]
 
@@ -52,6 +53,11 @@ class DraftRequest:
     num_preemptions: int
     # Most drafts worth proposing (k, fewer near max_tokens or the context limit).
     max_drafts: int
+    # The request's sampling parameters (drafters with ``draft_sample_method:
+    # probabilistic`` draw with them); None: draft greedily.
+    params: SamplingParams | None = None
+    # How many of ``token_ids`` are the prompt (the rest are outputs: the draw number).
+    num_prompt_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -76,11 +82,19 @@ class Proposer(ABC):
     # Drafters fed with the target's hidden states (recorded by hooks on its layers): the
     # engine then never replays decode graphs, which would skip the hooks.
     reads_target_hidden_states: bool = False
+    # Drafters that can draw their drafts from their own distribution and pass it on
+    # (``draft_sample_method: probabilistic``); others refuse that setting.
+    supports_probabilistic_drafts: bool = False
 
     def __init__(self, spec: SpeculativeConfig, context: ProposerContext) -> None:
         self.spec = spec
         self.context = context
         self.num_speculative_tokens = spec.num_speculative_tokens
+        if (getattr(spec, "draft_sample_method", "greedy") == "probabilistic"
+                and not self.supports_probabilistic_drafts):
+            raise ValueError(f"speculative_config 'draft_sample_method': 'probabilistic' is not "
+                             f"supported by method {spec.method!r} (its drafts have no "
+                             f"distribution); use 'greedy'")
 
     @property
     def num_lookahead_slots(self) -> int:

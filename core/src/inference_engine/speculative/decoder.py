@@ -134,7 +134,8 @@ class SpecDecoder:
                        max_model_len - request.num_tokens)
             asks.append(DraftRequest(request.request_id, request.all_token_ids, blocks,
                                      request.num_preemptions,
-                                     max(0, min(self.num_speculative_tokens, room))))
+                                     max(0, min(self.num_speculative_tokens, room)),
+                                     request.params, len(request.prompt_token_ids)))
         if not any(a.max_drafts for a in asks):
             return
         proposal = self.proposer.propose(asks)

@@ -32,6 +32,7 @@ from torch import nn
 from inference_engine.config import SpeculativeConfig
 from inference_engine.interfaces.attention import KVCacheSpec
 from inference_engine.interfaces.proposer import DraftRequest, Proposal, Proposer, ProposerContext
+from inference_engine.speculative.draft_sampling import DraftSampler
 from inference_engine.speculative.eagle3 import HiddenStateTap, read_attention_geometry
 from inference_engine.speculative.paged_drafter_cache import PagedDrafterCache, rms_norm, rope
 
@@ -138,8 +139,11 @@ class DFlashProposer(Proposer):
 
     reads_target_hidden_states = True
 
+    supports_probabilistic_drafts = True
+
     def __init__(self, spec: SpeculativeConfig, context: ProposerContext) -> None:
         super().__init__(spec, context)
+        self.draft_sampler = DraftSampler(spec.draft_sample_method, context.config.model.seed)
         if not spec.model:
             raise ValueError("speculative_config 'model' is required for method dflash (the "
                              "DFlash drafter's folder)")
@@ -229,10 +233,28 @@ class DFlashProposer(Proposer):
         hidden = self.drafter.draft_block(embeds, positions, self.caches, tables,
                                           [b] * len(active))
         rows = hidden.view(len(active), b, -1)[:, 1:].reshape(-1, hidden.shape[-1])
-        picked = self.target.compute_logits(rows).argmax(-1).view(len(active), b - 1).tolist()
-        for j, i in enumerate(active):
-            drafts[i] = [int(t) for t in picked[j][: requests[i].max_drafts]]
-        return Proposal(drafts)
+        logits = self.target.compute_logits(rows).view(len(active), b - 1, -1)
+        if not self.draft_sampler.is_probabilistic:
+            picked = logits.argmax(-1).tolist()
+            for j, i in enumerate(active):
+                drafts[i] = [int(t) for t in picked[j][: requests[i].max_drafts]]
+            return Proposal(drafts)
+        # Each block position's draft is drawn from its own q (which ignores the drafts
+        # before it: a valid draft distribution, so verification stays lossless).
+        probs: list[list[torch.Tensor]] = [[] for _ in requests]
+        asks = [requests[i] for i in active]
+        for pos in range(b - 1):
+            picked, q = self.draft_sampler.pick(
+                logits[:, pos], [r.params for r in asks],
+                [list(r.token_ids[r.num_prompt_tokens:]) + drafts[i]
+                 for r, i in zip(asks, active, strict=True)],
+                [r.token_ids[:r.num_prompt_tokens] for r in asks])
+            for j, i in enumerate(active):
+                if pos < requests[i].max_drafts:
+                    drafts[i].append(int(picked[j]))
+                    if q[j] is not None:
+                        probs[i].append(q[j])
+        return Proposal(drafts, [torch.stack(p) if p else None for p in probs])
 
 
 def record_rows(pending: dict[str, list[tuple[int, torch.Tensor]]], done: dict[str, int],

@@ -10,8 +10,10 @@ one batched forward), then runs k - 1 single-token forwards. Drafts beyond the
 verified tokens are written into lookahead slots and overwritten later, exactly as
 rejected target slots are.
 
-Drafting is greedy (vLLM's default ``draft_sample_method``), so the drafts are a point
-mass for the rejection sampler.
+Drafting is greedy by default (vLLM's default ``draft_sample_method``), so the drafts are
+a point mass for the rejection sampler; ``draft_sample_method: probabilistic`` draws them
+with each request's sampling parameters and passes their probabilities q
+(:mod:`inference_engine.speculative.draft_sampling`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from inference_engine.config import ModelConfig, QuantConfig, SpeculativeConfig
 from inference_engine.engine.model_runner import ModelRunner, StepBatch
 from inference_engine.interfaces.attention import KVCacheSpec
 from inference_engine.interfaces.proposer import DraftRequest, Proposal, Proposer, ProposerContext
-from inference_engine.sampling.sampler import greedy_pick
+from inference_engine.speculative.draft_sampling import DraftSampler
 
 __all__ = ["DraftModelProposer"]
 
@@ -37,8 +39,11 @@ class DraftModelProposer(Proposer):
             the target's (named).
     """
 
+    supports_probabilistic_drafts = True
+
     def __init__(self, spec: SpeculativeConfig, context: ProposerContext) -> None:
         super().__init__(spec, context)
+        self.draft_sampler = DraftSampler(spec.draft_sample_method, context.config.model.seed)
         if not spec.model:
             raise ValueError("speculative_config 'model' is required for method draft_model "
                              "(the drafter's folder)")
@@ -84,12 +89,16 @@ class DraftModelProposer(Proposer):
     @torch.inference_mode()
     def propose(self, requests: Sequence[DraftRequest]) -> Proposal:
         drafts: list[list[int]] = [[] for _ in requests]
+        # Per request, the draft distributions q (probabilistic drafting only).
+        probs: list[list[torch.Tensor]] = [[] for _ in requests]
         active = [i for i, r in enumerate(requests) if r.max_drafts > 0]
         if not active:
             return Proposal(drafts)
-        first = self._catch_up([requests[i] for i in active])
-        for i, token in zip(active, first, strict=True):
+        first, first_q = self._catch_up([requests[i] for i in active])
+        for i, token, q in zip(active, first, first_q, strict=True):
             drafts[i].append(token)
+            if q is not None:
+                probs[i].append(q)
         for step in range(1, self.num_speculative_tokens):
             rows = [i for i in active if len(drafts[i]) <= step < requests[i].max_drafts]
             for start in range(0, len(rows), self.max_num_seqs):
@@ -100,15 +109,31 @@ class DraftModelProposer(Proposer):
                     query_lens=[1] * len(chunk),
                     block_lists=[requests[i].block_ids for i in chunk],
                     sample_rows=list(range(len(chunk))), prompt_rows=[])
-                picked = greedy_pick(self.runner.execute_batch(batch).sample_logits).tolist()
-                for i, token in zip(chunk, picked, strict=True):
+                picked, q = self._pick(self.runner.execute_batch(batch).sample_logits,
+                                       [requests[i] for i in chunk], [drafts[i] for i in chunk])
+                for i, token, qi in zip(chunk, picked, q, strict=True):
                     drafts[i].append(int(token))
-        return Proposal(drafts)
+                    if qi is not None:
+                        probs[i].append(qi)
+        if not any(probs):
+            return Proposal(drafts)
+        return Proposal(drafts, [torch.stack(p) if p else None for p in probs])
 
-    def _catch_up(self, requests: Sequence[DraftRequest]) -> list[int]:
+    def _pick(self, logits: torch.Tensor, requests: Sequence[DraftRequest],
+              drafts: Sequence[Sequence[int]]) -> tuple[list[int], list[torch.Tensor | None]]:
+        """The next draft of each row (``drafts``: each request's drafts so far)."""
+        return self.draft_sampler.pick(
+            logits, [r.params for r in requests],
+            [list(r.token_ids[r.num_prompt_tokens:]) + list(d)
+             for r, d in zip(requests, drafts, strict=True)],
+            [r.token_ids[:r.num_prompt_tokens] for r in requests])
+
+    def _catch_up(self, requests: Sequence[DraftRequest]
+                  ) -> tuple[list[int], list[torch.Tensor | None]]:
         """Feed each request's tokens the drafter has not cached; returns each one's first
-        draft (the argmax after its last verified token)."""
+        draft (picked after its last verified token) and its q (None: a point mass)."""
         done: list[int | None] = [None] * len(requests)
+        done_q: list[torch.Tensor | None] = [None] * len(requests)
         start = []
         for r in requests:
             seen, preemptions = self._computed.get(r.request_id, (0, r.num_preemptions))
@@ -135,12 +160,14 @@ class DraftModelProposer(Proposer):
                 block_lists=[requests[i].block_ids for i in rows],
                 sample_rows=samples, prompt_rows=[])
             logits = self.runner.execute_batch(batch).sample_logits
-            picked = greedy_pick(logits).tolist() if samples else []
-            for j, token in zip(samples, picked, strict=True):
+            picked, q = (self._pick(logits, [requests[rows[j]] for j in samples],
+                                    [()] * len(samples)) if samples else ([], []))
+            for j, token, qj in zip(samples, picked, q, strict=True):
                 done[rows[j]] = int(token)
+                done_q[rows[j]] = qj
             for j, i in enumerate(rows):
                 start[i] += lens[j]
             pending = [i for i in pending if done[i] is None]
         for r in requests:
             self._computed[r.request_id] = (len(r.token_ids), r.num_preemptions)
-        return [int(t) for t in done]  # type: ignore[arg-type]
+        return [int(t) for t in done], done_q  # type: ignore[arg-type]

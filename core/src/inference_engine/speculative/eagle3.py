@@ -33,6 +33,7 @@ from torch import nn
 from inference_engine.config import SpeculativeConfig
 from inference_engine.interfaces.attention import KVCacheSpec
 from inference_engine.interfaces.proposer import DraftRequest, Proposal, Proposer, ProposerContext
+from inference_engine.speculative.draft_sampling import DraftSampler
 from inference_engine.speculative.paged_drafter_cache import PagedDrafterCache, rms_norm, rope
 
 __all__ = ["read_attention_geometry", "Eagle3Drafter", "Eagle3Proposer", "HiddenStateTap"]
@@ -201,8 +202,11 @@ class Eagle3Proposer(Proposer):
 
     reads_target_hidden_states = True
 
+    supports_probabilistic_drafts = True
+
     def __init__(self, spec: SpeculativeConfig, context: ProposerContext) -> None:
         super().__init__(spec, context)
+        self.draft_sampler = DraftSampler(spec.draft_sample_method, context.config.model.seed)
         if not spec.model:
             raise ValueError("speculative_config 'model' is required for method eagle3 (the "
                              "EAGLE-3 drafter's folder)")
@@ -294,7 +298,10 @@ class Eagle3Proposer(Proposer):
         logits, hidden = self.drafter(torch.cat(tokens).to(device), torch.cat(feats),
                                       torch.cat(positions).to(device), self.cache, tables, rows)
         ends = torch.tensor(rows).cumsum(0) - 1
-        next_tok = self._to_target(logits[ends.to(device)].argmax(-1))
+        asks = [requests[i] for i in active]
+        probs: list[list[torch.Tensor]] = [[] for _ in requests]
+        next_tok = self._pick(logits[ends.to(device)], asks, [drafts[i] for i in active],
+                              [probs[i] for i in active])
         feat = hidden[ends.to(device)]
         pos = torch.tensor([len(requests[i].token_ids) - 1 for i in active])
         for step in range(self.num_speculative_tokens):
@@ -306,8 +313,34 @@ class Eagle3Proposer(Proposer):
                 break
             logits, feat = self.drafter(next_tok, feat, (pos + step).to(device), self.cache,
                                         tables, [1] * len(active))
-            next_tok = self._to_target(logits.argmax(-1))
-        return Proposal(drafts)
+            next_tok = self._pick(logits, asks, [drafts[i] for i in active],
+                                  [probs[i] for i in active])
+        if not any(probs):
+            return Proposal(drafts)
+        return Proposal(drafts, [torch.stack(p[: len(d)]) if p and d else None
+                                 for p, d in zip(probs, drafts, strict=True)])
+
+    def _pick(self, logits: torch.Tensor, asks: Sequence[DraftRequest],
+              drafts: Sequence[list[int]], probs: Sequence[list[torch.Tensor]]
+              ) -> torch.Tensor:
+        """Next target-vocabulary draft per row from draft-vocabulary ``logits``; under
+        probabilistic drafting appends each row's q (over the target vocabulary) to
+        ``probs``."""
+        if not self.draft_sampler.is_probabilistic:
+            return self._to_target(logits.argmax(-1))
+        # The draft vocabulary's logits at their target ids, -inf elsewhere.
+        ids = self._to_target(torch.arange(logits.shape[1], device=logits.device))
+        full = logits.new_full((logits.shape[0], self.context.vocab_size), float("-inf"))
+        full[:, ids] = logits
+        picked, q = self.draft_sampler.pick(
+            full, [r.params for r in asks],
+            [list(r.token_ids[r.num_prompt_tokens:]) + d for r, d in zip(asks, drafts,
+                                                                         strict=True)],
+            [r.token_ids[:r.num_prompt_tokens] for r in asks])
+        for row, qi in zip(probs, q, strict=True):
+            if qi is not None:
+                row.append(qi)
+        return torch.tensor(picked, dtype=torch.int64, device=logits.device)
 
     def _features(self, rid: str, first: int, last: int) -> torch.Tensor:
         """The recorded aux states of positions ``first..last`` (contiguous)."""
