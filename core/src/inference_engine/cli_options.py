@@ -9,8 +9,8 @@ import typer
 __all__ = ["AsyncSchedulingOption", "DequantizeAtLoadOption", "EnableLoRAOption",
            "EnforceEagerOption", "GpuMemoryUtilizationOption", "HfOverridesOption",
            "IndexerDtypeOption", "KvCacheDtypeOption", "LoRAModulesOption", "MaxCpuLoRAsOption",
-           "MaxLoRARankOption", "MaxLoRAsOption", "PlatformOption", "QuantOptionOption",
-           "QuantizationOption", "SpeculativeConfigOption"]
+           "MaxLoRARankOption", "MaxLoRAsOption", "NumSchedulerStepsOption", "PlatformOption",
+           "QuantOptionOption", "QuantizationOption", "SpeculativeConfigOption"]
 
 GpuMemoryUtilizationOption = Annotated[float, typer.Option(
     min=0.0, max=1.0, help="Fraction of GPU memory the engine may use; the KV cache gets "
@@ -20,6 +20,10 @@ EnforceEagerOption = Annotated[bool, typer.Option(
 AsyncSchedulingOption = Annotated[Optional[bool], typer.Option(  # noqa: UP045 - typer needs Optional
     help="Launch each step before the previous one's tokens are read back; default: on for "
          "GPUs, off on CPU.")]
+NumSchedulerStepsOption = Annotated[int, typer.Option(
+    min=1, help="Greedy decode steps one engine step may run in one call for a lone plain-greedy "
+                "request (multi-step; models with the CPU C++ decode step); a request "
+                "arriving meanwhile waits at most this many tokens. 1: one step at a time.")]
 HfOverridesOption = Annotated[Optional[str], typer.Option(  # noqa: UP045
     help="JSON object of config.json values to replace before the model is built, e.g. "
          "'{\"indexer_dtype\": \"fp8\"}'.")]

@@ -221,7 +221,8 @@ class SchedulerConfig:
     # Greedy decode steps one engine step may run for a lone running request (vLLM's former
     # multi-step scheduling; engine/multi_step.py): a window of up to this many tokens in
     # one call where the model has one (the CPU C++ decode step). 1: one step at a time.
-    num_scheduler_steps: int = 1
+    # 8 by measurement (docs/benchmarks.md, "Multi-step greedy decode").
+    num_scheduler_steps: int = 8
 
     def __post_init__(self) -> None:
         if self.num_scheduler_steps < 1:

@@ -21,6 +21,7 @@ from inference_engine.cli_options import (
     EnforceEagerOption,
     GpuMemoryUtilizationOption,
     KvCacheDtypeOption,
+    NumSchedulerStepsOption,
     PlatformOption,
     QuantizationOption,
     QuantOptionOption,
@@ -136,6 +137,7 @@ def bench_command(
     gpu_memory_utilization: GpuMemoryUtilizationOption = 0.9,
     enforce_eager: EnforceEagerOption = False,
     async_scheduling: AsyncSchedulingOption = None,
+    num_scheduler_steps: NumSchedulerStepsOption = 8,
     quantization: QuantizationOption = None,
     quant_option: QuantOptionOption = None,
     device_ids: Annotated[Optional[str], typer.Option(  # noqa: UP045
@@ -152,6 +154,7 @@ def bench_command(
                               "gpu_memory_utilization": gpu_memory_utilization,
                               "enforce_eager": enforce_eager,
                               "async_scheduling": async_scheduling,
+                              "num_scheduler_steps": num_scheduler_steps,
                               "device_ids": device_ids,
                               "platform": platform}
     if quantization is not None:

@@ -655,8 +655,7 @@ class LLMEngine:
                 or self.lora is not None or self.executor is not None
                 or self.diffusion is not None or self.async_scheduling):
             return None
-        return MultiStepPlanner(steps, self.scheduler, self.blocks,
-                                self.model.ctx.hf_config.vocab_size)
+        return MultiStepPlanner(steps, self.scheduler, self.blocks)
 
     def _run_greedy_window(self, touched: dict[str, RequestGroup]) -> bool:
         """Run this step as a greedy window where :class:`MultiStepPlanner` allows: the

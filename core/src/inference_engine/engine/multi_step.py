@@ -25,7 +25,6 @@ import torch
 from inference_engine.engine.kv_cache import BlockManager
 from inference_engine.engine.request import Request
 from inference_engine.engine.scheduler import Scheduler
-from inference_engine.sampling.batch import SamplingBatch
 
 __all__ = ["GreedyWindowPlan", "MultiStepPlanner"]
 
@@ -49,15 +48,12 @@ class MultiStepPlanner:
         scheduler: the engine's scheduler (read: its queues; the request's slots are
             allocated through its block manager).
         blocks: the block manager.
-        vocab_size: the logits' width (for the sampling check).
     """
 
-    def __init__(self, num_steps: int, scheduler: Scheduler, blocks: BlockManager,
-                 vocab_size: int) -> None:
+    def __init__(self, num_steps: int, scheduler: Scheduler, blocks: BlockManager) -> None:
         self.num_steps = num_steps
         self.scheduler = scheduler
         self.blocks = blocks
-        self.vocab_size = vocab_size
         # Windows run and tokens they produced (stats, tests).
         self.num_windows = 0
         self.num_window_tokens = 0
@@ -85,11 +81,14 @@ class MultiStepPlanner:
         return GreedyWindowPlan(request, num_steps,
                                 torch.tensor(sorted(request.eos_token_ids), dtype=torch.int64))
 
-    def is_plain_greedy(self, request: Request) -> bool:
-        """Whether the sampler would take the argmax of the raw logits at every step of a
-        window (the same test the sampler's batch makes)."""
-        params = request.params
-        if not params.is_greedy or params.structured_outputs is not None:
-            return False
-        return SamplingBatch.from_rows([params], [request.output_token_ids],
-                                       self.vocab_size).is_plain_greedy
+    @staticmethod
+    def is_plain_greedy(request: Request) -> bool:
+        """Whether the sampler takes the argmax of the raw logits at every step of a window:
+        the conditions of ``SamplingBatch.is_plain_greedy`` (nothing masked, biased or
+        penalised, no logprobs, ``min_tokens`` reached), and no grammar."""
+        p = request.params
+        return (p.is_greedy and p.structured_outputs is None and p.logprobs is None
+                and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0
+                and p.frequency_penalty == 0.0 and not p.bad_words_token_ids
+                and p.allowed_token_ids is None and not p.logit_bias
+                and len(request.output_token_ids) >= p.min_tokens)
