@@ -20,8 +20,9 @@ TensorParallelSizeOption = Annotated[int, typer.Option(
          "vocabulary); one device each.")]
 DataParallelSizeOption = Annotated[int, typer.Option(
     "--data-parallel-size", "-dp", min=1,
-    help="Data-parallel engines (attention per rank, MoE in lockstep); more than 1 only "
-         "under torchrun (--distributed-executor-backend external_launcher).")]
+    help="Data-parallel engines (each its own scheduler and KV cache over -tp ranks, MoE in "
+         "lockstep); with mp / ray a front end sends each request to the one with the "
+         "shortest queue; under torchrun each process group is one.")]
 EnableExpertParallelOption = Annotated[bool, typer.Option(
     "--enable-expert-parallel",
     help="Place MoE experts over the ranks (whole experts) instead of splitting each one.")]

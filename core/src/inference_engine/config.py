@@ -248,7 +248,8 @@ class ParallelConfig:
     """
 
     tensor_parallel_size: int = 1
-    # Data-parallel engines (attention per rank, MoE in lockstep); > 1 under torchrun only.
+    # Data-parallel engines (attention per rank, MoE in lockstep): under torchrun each process
+    # is one; with mp / ray a front end starts them and balances requests (dp_frontend.py).
     data_parallel_size: int = 1
     # Place MoE experts over the ranks instead of slicing each expert (vLLM's flag).
     enable_expert_parallel: bool = False
@@ -263,6 +264,10 @@ class ParallelConfig:
     device_ids: list[int] | str | None = None
     # Force a platform by name (``--platform``); None: the present one with top priority.
     platform: str | None = None
+    # Set by the data-parallel front end on the engine it builds for each DP rank (mp / ray):
+    # which DP rank it is and the rendezvous every rank joins (``tcp://host:port``).
+    data_parallel_rank: int | None = None
+    data_parallel_init_method: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "data_parallel_size"):
@@ -270,11 +275,11 @@ class ParallelConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} must be a positive integer, got {value!r}")
-        if self.data_parallel_size != 1 and self.distributed_executor_backend != (
-                "external_launcher"):
-            raise ValueError("--data-parallel-size > 1 runs under torchrun only "
-                             "(--distributed-executor-backend external_launcher, each DP rank "
-                             "an engine of its own); the mp and ray executors drive one")
+        if (self.data_parallel_size > 1 and self.distributed_executor_backend == "ray"
+                and self.tensor_parallel_size > 1):
+            raise ValueError("--data-parallel-size > 1 with --tensor-parallel-size > 1 on the "
+                             "ray executor is not implemented (each DP rank is one Ray actor); "
+                             "use the mp executor on one node, or torchrun")
         if self.distributed_executor_backend not in (None, *EXECUTOR_BACKENDS):
             raise ValueError(f"--distributed-executor-backend must be one of "
                              f"{', '.join(EXECUTOR_BACKENDS)}, got "

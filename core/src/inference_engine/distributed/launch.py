@@ -46,6 +46,13 @@ def start_executor(config: EngineConfig) -> DistributedExecutor | None:
                       par.enable_expert_parallel, platform.distributed_backend(), "env://",
                       local_rank, par.all2all_backend, par.collective_timeout)
         return _ExternalLauncher()
+    if par.data_parallel_size > 1 and backend in ("mp", "ray"):
+        if par.data_parallel_rank is None:
+            raise ValueError("--data-parallel-size > 1 with the mp / ray executor: build the "
+                             "engine with inference_engine.distributed.dp_frontend.make_engine "
+                             "(LLM and serve do), which starts one engine per DP rank")
+        if par.tensor_parallel_size == 1:
+            return _DataParallelRank(config, platform)
     if backend == "ray":
         from inference_engine.distributed.ray_executor import RayExecutor
 
@@ -76,3 +83,21 @@ class _ExternalLauncher(DistributedExecutor):
         from inference_engine.distributed.parallel_state import destroy_parallel
 
         destroy_parallel()
+
+
+class _DataParallelRank(_ExternalLauncher):
+    """One DP rank of one rank (no TP workers) started by the data-parallel front end: joins
+    the world as rank ``data_parallel_rank``; its forwards run in lockstep with the other DP
+    ranks' (:class:`~.data_parallel.LockstepRunner`), as under torchrun."""
+
+    def __init__(self, config: EngineConfig, platform: Any) -> None:
+        from inference_engine.distributed.parallel_state import init_parallel
+        from inference_engine.distributed.worker import share_cpu_threads
+
+        par = config.parallel
+        rank = par.data_parallel_rank
+        share_cpu_threads(par.world_size)
+        init_parallel(rank, par.world_size, 1, par.data_parallel_size,
+                      par.enable_expert_parallel, platform.distributed_backend(),
+                      par.data_parallel_init_method, rank, par.all2all_backend,
+                      par.collective_timeout)

@@ -61,12 +61,16 @@ class MultiprocExecutor(DistributedExecutor):
 
         par = config.parallel
         world = par.world_size
-        init_method = f"tcp://127.0.0.1:{free_port()}"
+        # The first rank of this engine's TP group: 0, or (a DP rank started by the
+        # data-parallel front end) dp_rank x tp, its workers the next tp - 1 ranks.
+        first = (par.data_parallel_rank or 0) * par.tensor_parallel_size
+        init_method = par.data_parallel_init_method or f"tcp://127.0.0.1:{free_port()}"
         ctx = mp.get_context("spawn")
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
         self._closed = False
-        for rank in range(1, world):
+        self._first_rank = first
+        for rank in range(first + 1, first + par.tensor_parallel_size):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_worker_main, name=f"inference-engine-rank{rank}",
                                args=(config, rank, world, init_method, child), daemon=True)
@@ -82,9 +86,9 @@ class MultiprocExecutor(DistributedExecutor):
 
         def join() -> None:
             try:
-                init_parallel(0, world, par.tensor_parallel_size, par.data_parallel_size,
+                init_parallel(first, world, par.tensor_parallel_size, par.data_parallel_size,
                               par.enable_expert_parallel, platform.distributed_backend(),
-                              init_method, 0, par.all2all_backend, par.collective_timeout)
+                              init_method, first, par.all2all_backend, par.collective_timeout)
             except BaseException as exc:  # noqa: BLE001 - reported below
                 failure.append(exc)
 
@@ -103,7 +107,7 @@ class MultiprocExecutor(DistributedExecutor):
 
     def _startup_errors(self) -> str:
         found = []
-        for rank, conn in enumerate(self._conns, 1):
+        for rank, conn in enumerate(self._conns, self._first_rank + 1):
             try:
                 if conn.poll(0):
                     status, detail = conn.recv()
@@ -113,6 +117,16 @@ class MultiprocExecutor(DistributedExecutor):
                 pass
         return "; ".join(found)
 
+    def wrap_runner(self, runner: Any) -> Any:
+        """Rank 0's runner mirrored to the workers; a DP rank's also in lockstep with the
+        other DP ranks' (only the first rank of each TP group takes part in the rounds)."""
+        from inference_engine.distributed.data_parallel import LockstepRunner
+        from inference_engine.distributed.parallel_state import parallel_state
+
+        driver = super().wrap_runner(runner)
+        dp = parallel_state().dp
+        return LockstepRunner(driver, dp) if dp.size > 1 else driver
+
     @property
     def pids(self) -> list[int]:
         """Process ids of ranks 1.. (tests kill one to check failure handling)."""
@@ -120,7 +134,8 @@ class MultiprocExecutor(DistributedExecutor):
 
     def _wait_ready(self) -> None:
         """Each worker has built its shard (or says why it could not)."""
-        for rank, (proc, conn) in enumerate(zip(self._procs, self._conns, strict=True), 1):
+        for rank, (proc, conn) in enumerate(zip(self._procs, self._conns, strict=True),
+                                            self._first_rank + 1):
             while not conn.poll(0.1):
                 if not proc.is_alive():
                     raise RankFailedError(f"rank {rank} exited while loading "
@@ -138,7 +153,7 @@ class MultiprocExecutor(DistributedExecutor):
         dead = self.dead_ranks()
         if dead:
             raise RankFailedError(f"{', '.join(dead)} died; the engine cannot run steps")
-        for rank, conn in enumerate(self._conns, 1):
+        for rank, conn in enumerate(self._conns, self._first_rank + 1):
             try:
                 conn.send((method, args))
             except (BrokenPipeError, ConnectionResetError, OSError) as exc:
@@ -149,7 +164,7 @@ class MultiprocExecutor(DistributedExecutor):
         for proc in self._procs:
             proc.join(timeout=0.005) if proc.exitcode is None else None
         return [f"rank {rank} (pid {p.pid}, exit code {p.exitcode})"
-                for rank, p in enumerate(self._procs, 1) if not p.is_alive()]
+                for rank, p in enumerate(self._procs, self._first_rank + 1) if not p.is_alive()]
 
     def shutdown(self, leave_group: bool = True) -> None:
         if self._closed:

@@ -98,7 +98,8 @@ def engine_device_ids(config: EngineConfig) -> list[int] | None:
     par = config.parallel
     if par.executor_backend == "uni":
         return par.device_ids if isinstance(par.device_ids, list) else None
-    local_rank = 0
+    # A DP rank the data-parallel front end started: its TP group's first rank.
+    local_rank = (par.data_parallel_rank or 0) * par.tensor_parallel_size
     if par.executor_backend == "external_launcher":
         from inference_engine.distributed.parallel_state import torchrun_env
 

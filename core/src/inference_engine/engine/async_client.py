@@ -89,7 +89,9 @@ class AsyncLLM:
 
     @classmethod
     def from_config(cls, config: EngineConfig, show_progress: bool = True) -> AsyncLLM:
-        return cls(LLMEngine(config, show_progress=show_progress))
+        from inference_engine.distributed.dp_frontend import make_engine
+
+        return cls(make_engine(config, show_progress=show_progress))
 
     @classmethod
     def from_model(cls, model: str, **kwargs: Any) -> AsyncLLM:

@@ -9,6 +9,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from inference_engine.config import EngineConfig
+from inference_engine.distributed.dp_frontend import make_engine
 from inference_engine.engine.llm_engine import LLMEngine, PromptInput
 from inference_engine.lora.request import LoRARequest
 from inference_engine.outputs import RequestOutput
@@ -40,7 +41,8 @@ class LLM:
             self.reasoning_parser_cls = get_plugins().registry.resolve("reasoning_parsers",
                                                                        reasoning_parser)
         self.config = EngineConfig.from_kwargs(model, **kwargs)
-        self.engine = LLMEngine(self.config, show_progress=show_progress)
+        # One LLMEngine, or (data_parallel_size > 1 under mp / ray) the front end of several.
+        self.engine = make_engine(self.config, show_progress=show_progress)
         self.show_progress = show_progress
 
     def get_tokenizer(self) -> Any:

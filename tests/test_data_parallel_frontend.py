@@ -1,0 +1,115 @@
+"""Data parallelism without torchrun: ``LLM(data_parallel_size=2)`` and ``serve -dp 2``.
+
+The mp executor starts DP rank 1 as a spawned engine (this process is DP rank 0); the front
+end sends each request to the rank with the shortest queue and runs both engines' steps in
+rounds (gloo, loopback). Greedy tokens of a batch equal one process's (the same engine,
+itself tested against transformers in tests/test_engine_parity.py and
+plugins/models/tests/test_moe_models.py): a dense model (DP ranks never talk) and a MoE
+model with its experts placed over both DP ranks, whose forwards must run in lockstep
+(all-gather transport, each rank with different tokens; with an 8-token budget one rank
+runs out of work first and joins rounds with dummy forwards). The balance counters show
+both ranks took requests; a dead DP rank fails the step by name; the server answers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from inference_engine import SamplingParams
+from inference_engine.distributed.executor import RankFailedError
+from inference_engine.testing import TEST_PLATFORM, ServerProcess, cpu_llm, train_tiny_tokenizer
+from inference_engine.testing_parity import (
+    MOE_CONFIGS,
+    PARITY_PROMPTS,
+    randomize,
+    tiny_dense_config,
+)
+
+NEW_TOKENS = 8
+ENGINE_ARGS = dict(max_num_batched_tokens=8, block_size=4, kv_cache_memory=4 << 20, seed=0)
+PARAMS = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+
+
+def _save(path: Path, config, tokenizer) -> Path:
+    import transformers
+
+    config.eos_token_id, config.pad_token_id, config.bos_token_id = (
+        tokenizer.eos_token_id, tokenizer.pad_token_id, None)
+    torch.manual_seed(0)
+    randomize(transformers.AutoModelForCausalLM.from_config(config), std=0.1).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    tokenizer = train_tiny_tokenizer()
+    root = tmp_path_factory.mktemp("dp")
+    return {"dense": _save(root / "dense", tiny_dense_config("qwen3", len(tokenizer)), tokenizer),
+            "moe": _save(root / "moe", MOE_CONFIGS["qwen3_moe"](len(tokenizer)), tokenizer)}
+
+
+def _generate(model: Path, **kwargs) -> tuple[list[list[int]], list[str], object]:
+    llm = cpu_llm(model, **ENGINE_ARGS, **kwargs)
+    try:
+        outputs = llm.generate(PARITY_PROMPTS, PARAMS, use_tqdm=False)
+        return ([o.outputs[0].token_ids for o in outputs], [o.outputs[0].text for o in outputs],
+                getattr(llm.engine, "requests_routed", None))
+    finally:
+        llm.engine.shutdown()
+
+
+@pytest.mark.parametrize(("name", "kwargs"), [
+    ("dense", {}),
+    ("moe", {"enable_expert_parallel": True}),
+], ids=["dense-dp2", "moe-dp2-ep"])
+def test_two_dp_ranks_give_one_process_tokens_and_share_the_requests(models, name, kwargs):
+    one, _, _ = _generate(models[name])
+    two, _, routed = _generate(models[name], data_parallel_size=2, **kwargs)
+    assert two == one
+    # Five requests added at once: the shortest queue alternates, rank 0 first.
+    assert routed == [3, 2]
+
+
+def test_a_dead_dp_rank_fails_the_step_by_name(models):
+    llm = cpu_llm(models["dense"], data_parallel_size=2, collective_timeout=30.0, **ENGINE_ARGS)
+    try:
+        llm.generate(PARITY_PROMPTS[:2], PARAMS, use_tqdm=False)
+        os.kill(llm.engine.remotes[0].pid, signal.SIGKILL)
+        with pytest.raises(RankFailedError, match="data-parallel rank 1"):
+            llm.generate(PARITY_PROMPTS, PARAMS, use_tqdm=False)
+    finally:
+        llm.engine.shutdown()
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(url, json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def test_server_with_dp2_answers_as_one_process(models):
+    _, texts, _ = _generate(models["dense"])
+    server = ServerProcess(models["dense"], "-dp", "2", "--block-size", "4",
+                           "--max-num-batched-tokens", "8", platform=TEST_PLATFORM,
+                           kv_cache_memory="4MiB")
+    try:
+        for prompt, text in zip(PARITY_PROMPTS[:2], texts, strict=False):
+            status, body = _post(server.url + "/v1/completions", {
+                "model": str(models["dense"]), "prompt": prompt, "max_tokens": NEW_TOKENS,
+                "temperature": 0.0, "ignore_eos": True})
+            assert status == 200, body
+            assert body["choices"][0]["text"] == text
+    finally:
+        server.stop()
