@@ -7,8 +7,10 @@ parsing, allocations, scheduling, sampling and output processing. Measured as th
 *thread CPU time* of the engine thread per decode step (the difference between
 257-token and 1-token requests, over 256 steps), which other processes on a shared
 machine do not inflate; run with ``OMP_NUM_THREADS=1`` so every kernel runs on that
-thread. Both ways of running the layers are measured alternately in one process:
-the C++ decode step (``layers/cpu_decode_step.py``) and the layer loop.
+thread. The ways of running a step are measured alternately in one process: the C++
+decode step (``layers/cpu_decode_step.py``) one engine step per token, the layer loop,
+and (per token) multi-step greedy windows of ``--num-scheduler-steps`` tokens per call
+(``layers/cpu_greedy_window.py``, ``engine/multi_step.py``).
 
 Run:  OMP_NUM_THREADS=1 .venv/bin/python bench/cpu_step_host_cost.py
 """
@@ -40,14 +42,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--num-scheduler-steps", type=int, default=8,
+                        help="K of the multi-step windows measured")
     args = parser.parse_args()
     torch.set_flush_denormal(True)
     with tempfile.TemporaryDirectory() as path:
         build(path, args.layers)
         llm = LLM(path, dtype="bfloat16", show_progress=False, enable_prefix_caching=False,
-                  platform="cpu")
+                  platform="cpu", num_scheduler_steps=args.num_scheduler_steps)
         model = llm.engine.model.model
         step = model.decode_step
+        windows = llm.engine.multi_step
         prompt = {"prompt_token_ids": list(range(5, 37))}
 
         def cpu_seconds(tokens: int) -> float:
@@ -57,23 +62,28 @@ def main() -> None:
             return time.thread_time() - start
 
         cpu_seconds(8)
-        runs: dict[str, list[float]] = {"C++ decode step": [], "layer loop": []}
+        multi = f"windows of {args.num_scheduler_steps} (per token)"
+        runs: dict[str, list[float]] = {"C++ decode step": [], "layer loop": [], multi: []}
         for _ in range(args.repeats):
-            for name, bound in (("C++ decode step", step), ("layer loop", None)):
-                if name == "C++ decode step" and step is None:
+            for name, bound, planner in (("C++ decode step", step, None),
+                                         ("layer loop", None, None), (multi, step, windows)):
+                if bound is None and name != "layer loop" or (name == multi and windows is None):
                     continue
                 model.decode_step = bound
+                llm.engine.multi_step = planner
                 one = statistics.median(cpu_seconds(1) for _ in range(3))
                 runs[name].append((cpu_seconds(257) - one) / 256 * 1e3)
         model.decode_step = step
-    print(f"host CPU time per batch-1 decode step, {args.layers} layers "
+        llm.engine.multi_step = windows
+    print(f"host CPU time per batch-1 decode step (one-step paths) or token (windows), "
+          f"{args.layers} layers "
           f"(medians of {args.repeats}):")
     for name, values in runs.items():
         if values:
-            print(f"  {name:16s} {statistics.median(values):.3f} ms  "
+            print(f"  {name:26s} {statistics.median(values):.3f} ms  "
                   f"(runs: {', '.join(f'{v:.3f}' for v in values)})")
         else:
-            print(f"  {name:16s} not available here (see the debug log of layers.cpu_decode_step)")
+            print(f"  {name:26s} not available here (see the debug log of layers.cpu_decode_step)")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,9 @@ The issue-33 targets, side by side in one run:
   ``OMP_NUM_THREADS=1``, llama.cpp with ``n_threads=1``): the process CPU time per
   decoded token, which other processes on a shared machine barely move (wall-clock
   rates there do, llama.cpp's spinning threads most);
+* which path ours ran: multi-step greedy windows of ``--num-scheduler-steps`` tokens per
+  C++ call (``engine/multi_step.py``; the engine's default) where the model has one, else
+  one engine step per token (the reason is printed);
 * the 64-request workload of ``bench/offline_throughput.py`` from a *fresh* engine
   (a new process: ``LLM(...)``, one warm-up request, then the run: what a user who
   starts the engine and submits work sees), against transformers' batched generate
@@ -58,10 +61,27 @@ def ours_decode_rate(llm: LLM, prompt: list[int], new_tokens: int) -> float:
     return new_tokens / (time.perf_counter() - start)
 
 
-def cpu_time_worker(path: str, dtype: str, prompt_tokens: int, new_tokens: int) -> None:
+def decode_path(llm: LLM) -> str:
+    """Which way ``llm`` decodes one greedy stream, and how often windows ran."""
+    from inference_engine.layers.cpu_greedy_window import greedy_window_blocker
+
+    engine = llm.engine
+    planner = engine.multi_step
+    if planner is not None:
+        return (f"multi-step windows of up to {planner.num_steps} tokens per C++ call "
+                f"({planner.num_windows} windows, {planner.num_window_tokens} tokens so far)")
+    steps = engine.config.scheduler.num_scheduler_steps
+    why = (greedy_window_blocker(engine.model) if steps > 1
+           else "--num-scheduler-steps 1")
+    return f"one engine step per token ({why})"
+
+
+def cpu_time_worker(path: str, dtype: str, prompt_tokens: int, new_tokens: int,
+                    num_scheduler_steps: int) -> None:
     """Child process (one thread): ours' process CPU time per decoded token; JSON on stdout."""
     torch.set_flush_denormal(True)
-    llm = LLM(path, dtype=dtype, show_progress=False, enable_prefix_caching=False)
+    llm = LLM(path, dtype=dtype, show_progress=False, enable_prefix_caching=False,
+              num_scheduler_steps=num_scheduler_steps)
     prompt = {"prompt_token_ids": list(range(5, 5 + prompt_tokens))}
 
     def cpu(tokens: int) -> float:
@@ -72,18 +92,22 @@ def cpu_time_worker(path: str, dtype: str, prompt_tokens: int, new_tokens: int) 
 
     cpu(8)
     runs = [(cpu(new_tokens + 1) - cpu(1)) / new_tokens * 1e3 for _ in range(3)]
-    print(json.dumps({"cpu_ms_per_token": statistics.median(runs)}))
+    print(json.dumps({"cpu_ms_per_token": statistics.median(runs), "path": decode_path(llm)}))
 
 
-def cpu_time_run(path: str, dtype: str, prompt_tokens: int, new_tokens: int) -> float:
+def cpu_time_run(path: str, dtype: str, prompt_tokens: int, new_tokens: int,
+                 num_scheduler_steps: int) -> float:
     env = dict(os.environ, OMP_NUM_THREADS="1", INFERENCE_ENGINE_CPU_SPIN_US="0")
     proc = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--cpu-time-worker", path, dtype,
-         "--prompt-tokens", str(prompt_tokens), "--new-tokens", str(new_tokens)],
+         "--prompt-tokens", str(prompt_tokens), "--new-tokens", str(new_tokens),
+         "--num-scheduler-steps", str(num_scheduler_steps)],
         capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"CPU-time worker failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])["cpu_ms_per_token"]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"  (ours, 1 thread: {result['path']})", flush=True)
+    return result["cpu_ms_per_token"]
 
 
 def fresh_engine_worker(folder: str, num_requests: int, new_tokens: int) -> None:
@@ -129,6 +153,9 @@ def main() -> None:
     parser.add_argument("--skip-batch1", action="store_true",
                         help="skip the wall-clock batch-1 comparison")
     parser.add_argument("--json", default=None, help="also write the figures here")
+    parser.add_argument("--num-scheduler-steps", type=int, default=None,
+                        help="ours' multi-step window (1: one step per token); default: the "
+                             "engine's")
     parser.add_argument("--cpu-time", action="store_true",
                         help="also compare the CPU time per token at one thread each")
     parser.add_argument("--fresh-worker", default=None, help=argparse.SUPPRESS)
@@ -137,8 +164,13 @@ def main() -> None:
     if args.fresh_worker:
         fresh_engine_worker(args.fresh_worker, args.num_requests, args.new_tokens)
         return
+    if args.num_scheduler_steps is None:
+        from inference_engine.config import SchedulerConfig
+
+        args.num_scheduler_steps = SchedulerConfig().num_scheduler_steps
     if args.cpu_time_worker:
-        cpu_time_worker(*args.cpu_time_worker, args.prompt_tokens, args.new_tokens)
+        cpu_time_worker(*args.cpu_time_worker, args.prompt_tokens, args.new_tokens,
+                        args.num_scheduler_steps)
         return
     torch.set_flush_denormal(True)
     python = find_llamacpp_python(args.llamacpp_python)
@@ -175,9 +207,11 @@ def main() -> None:
         if not args.skip_batch1:
             engines = {
                 "bf16": LLM(folder, dtype="bfloat16", show_progress=False,
-                            enable_prefix_caching=False),
+                            enable_prefix_caching=False,
+                            num_scheduler_steps=args.num_scheduler_steps),
                 "Q4_K_M": LLM(q4, dtype=args.gguf_dtype, show_progress=False,
-                              enable_prefix_caching=False),
+                              enable_prefix_caching=False,
+                              num_scheduler_steps=args.num_scheduler_steps),
             }
             for llm in engines.values():
                 ours_decode_rate(llm, prompt, 8)
@@ -191,6 +225,9 @@ def main() -> None:
                                "new_tokens": args.new_tokens}
                         record(f"llama.cpp batch-1 decode tok/s ({label})",
                                run_llamacpp(python, job, work, spinning=True)["tokens_per_s"])
+            for label, llm in engines.items():
+                print(f"  ours ({label}) decoded by {decode_path(llm)}", flush=True)
+                results[f"ours path ({label})"] = decode_path(llm)
             del engines
         if args.cpu_time:
             ours_paths = {"bf16": (folder, "bfloat16"), "Q4_K_M": (q4, args.gguf_dtype)}
@@ -198,7 +235,8 @@ def main() -> None:
                 print(f"one-thread CPU time, round {r + 1}/{args.repeats}", flush=True)
                 for label, (path, dtype) in ours_paths.items():
                     record(f"ours CPU ms/token, 1 thread ({label})",
-                           cpu_time_run(path, dtype, args.prompt_tokens, args.new_tokens))
+                           cpu_time_run(path, dtype, args.prompt_tokens, args.new_tokens,
+                                        args.num_scheduler_steps))
                     if python is not None:
                         job = {"op": "decode", "model": files[label],
                                "prompt": list(range(5, 5 + args.prompt_tokens)),
