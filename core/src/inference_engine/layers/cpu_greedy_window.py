@@ -60,10 +60,23 @@ class CpuGreedyWindow:
         return out[:n].tolist()
 
 
+# A non-table embedding (GGML rows) is read once into a float32 table for the window up to
+# this size; larger vocabularies keep one step per token.
+MAX_EMBEDDING_TABLE_BYTES = 256 << 20
+
+
 def greedy_window_blocker(lm: torch.nn.Module) -> str | None:
     """Why a greedy window cannot run ``lm`` (a ``DecoderForCausalLM``), or None."""
+    reason = _structure_blocker(lm)
+    if reason is None:
+        head = _head_spec(lm)
+        reason = head if isinstance(head, str) else None
+    return reason
+
+
+def _structure_blocker(lm: torch.nn.Module) -> str | None:
     from inference_engine.layers.decoder import DecoderForCausalLM, DecoderModel
-    from inference_engine.layers.embedding import LMHead, VocabEmbedding
+    from inference_engine.layers.embedding import VocabEmbedding
 
     model = lm.model
     if model.decode_step is None:
@@ -75,37 +88,74 @@ def greedy_window_blocker(lm: torch.nn.Module) -> str | None:
     if type(model).forward is not DecoderModel.forward:
         return f"{type(model).__name__} overrides forward"
     embed = model.embed_tokens
-    if type(embed) is not VocabEmbedding or embed._tp.size != 1:
-        return f"the embedding is {type(embed).__name__} (a float32 table on one rank expected)"
-    if embed.weight.dtype != torch.float32 or not embed.weight.is_contiguous():
-        return "the embedding table is not contiguous float32"
+    vocab = lm.ctx.hf_config.vocab_size
+    if type(embed) is VocabEmbedding:
+        if embed._tp.size != 1:
+            return "the embedding is split over ranks"
+        if embed.weight.dtype != torch.float32 or not embed.weight.is_contiguous():
+            return "the embedding table is not contiguous float32"
+    elif vocab * model.norm.hidden_size * 4 > MAX_EMBEDDING_TABLE_BYTES:
+        return (f"the {type(embed).__name__} embedding would take more than "
+                f"{MAX_EMBEDDING_TABLE_BYTES >> 20} MiB as a float32 table")
     norm = model.norm
     if norm.fused_op != "cpu" or norm.weight.dtype != torch.float32:
         return "the final norm does not use the CPU kernel on float32 weights"
+    if fused_kernels() is None:
+        return "the CPU fused kernels are not built"
+    return None
+
+
+def _head_spec(lm: torch.nn.Module) -> torch.Tensor | tuple[int, int, Any] | str:
+    """What the window multiplies by for the logits: the LM head's packed bf16 copy, the
+    product a head provides as a C function (``cpu_linear_entry(input_size)``, as the
+    GGUF q8 head does), or why neither exists."""
+    from inference_engine.layers.embedding import LMHead
+
     head = lm.lm_head
     if type(head) is LMHead:
         if head._tp.size != 1 or head.rows_per_rank != head.vocab_size:
             return "the LM head is split over ranks"
         if head.gemv_weight is None or not is_packed(head.gemv_weight):
             return "the LM head has no packed bf16 copy"
-    else:
-        return f"the LM head is {type(head).__name__}"
-    if fused_kernels() is None:
-        return "the CPU fused kernels are not built"
-    return None
+        return head.gemv_weight
+    provide = getattr(head, "cpu_linear_entry", None)
+    entry = provide(lm.model.norm.hidden_size) if provide is not None else None
+    if entry is None:
+        return f"the LM head ({type(head).__name__}) gives the window no product"
+    return (entry.function, entry.context, entry.owner)
+
+
+def _embedding_table(lm: torch.nn.Module) -> torch.Tensor | str:
+    """The float32 ``[vocab, hidden]`` rows the window embeds from: the table itself, or
+    (another embedding, such as GGML rows) every row as the module computes it."""
+    from inference_engine.layers.embedding import VocabEmbedding
+
+    embed = lm.model.embed_tokens
+    if type(embed) is VocabEmbedding:
+        return embed.weight.data
+    with torch.inference_mode():
+        table = lm.embed(torch.arange(lm.ctx.hf_config.vocab_size))
+    if table.dtype != torch.float32:
+        return f"the embedding computes {table.dtype}, not float32"
+    return table.contiguous()
 
 
 def build_greedy_window(lm: torch.nn.Module) -> CpuGreedyWindow | None:
     """The greedy window bound to ``lm``'s weights and caches, or None (reason logged)."""
-    reason = greedy_window_blocker(lm)
+    reason = _structure_blocker(lm)
+    head = _head_spec(lm) if reason is None else None
+    if isinstance(head, str):
+        reason = head
+    table = _embedding_table(lm) if reason is None else None
+    if isinstance(table, str):
+        reason = table
     if reason is not None:
         logger.debug("no multi-step greedy window: %s", reason)
         return None
-    model, head = lm.model, lm.lm_head
+    model = lm.model
+    vocab = lm.ctx.hf_config.vocab_size
     step = model.decode_step.kernel
-    step.bind_greedy(model.embed_tokens.weight.data, model.norm.weight.data,
-                     float(model.norm.eps), head.gemv_weight, None,
-                     int(head.vocab_size), model.rotary_emb.cos_sin_cache,
-                     fused_kernels().entry_points())
+    step.bind_greedy(table, model.norm.weight.data, float(model.norm.eps), head, None, vocab,
+                     model.rotary_emb.cos_sin_cache, fused_kernels().entry_points())
     logger.debug("greedy decode windows run as one C++ call")
-    return CpuGreedyWindow(step, int(head.vocab_size))
+    return CpuGreedyWindow(step, vocab)

@@ -500,6 +500,18 @@ class GGMLLMHead(nn.Module):
         return tiled_linear(hidden, self.gguf_raw, self.qtype, activations=self.activations,
                             accumulate=self.accumulate).float()
 
+    def cpu_linear_entry(self, input_size: int) -> CpuLinearEntry | None:
+        """The q8 head as a plain C product (the kernel :meth:`forward` runs on the same
+        parts), for the core's multi-step greedy window (``layers/cpu_greedy_window.py``);
+        None unless the head runs in the one-call q8 form."""
+        ext = q8k_kernels.kernel() if self.q8_parts is not None else None
+        if ext is None:
+            return None
+        parts = self.q8_parts
+        owner = ext.Q8Linear(parts.weights, parts.qtypes, parts.packed, input_size,
+                             self.vocab_size)
+        return CpuLinearEntry(ext.q8_parts_linear_address(), owner.context(), owner)
+
     def extra_repr(self) -> str:
         return (f"vocab={self.vocab_size}, type={self.qtype.name}, tied={self.is_tied}, "
                 f"activations={self.activations}, packed={self.packed}")
