@@ -256,3 +256,49 @@ def test_teacher_forced_logprobs_match_transformers(tmp_path, features, tied):
                             for pos in range(1, len(ids))])
         want = ref[row, torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
         torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+
+
+def test_window_scores_follow_openai_whisper_on_transformers_logits(llm, whisper_dir, features,
+                                                                   prompt, reference):
+    """verbose_json's per-window ``avg_logprob`` / ``compression_ratio`` from the engine's
+    sampled-token logprobs equal openai/whisper's formulas on transformers' float32 logits
+    over the same tokens: log-softmax of each sampled token summed through the end token,
+    over (tokens before it + 1); zlib ratio of the text without timestamps."""
+    import zlib
+
+    from inference_engine.entrypoints.openai.speech_scores import window_scores
+
+    tok = AutoTokenizer.from_pretrained(whisper_dir)
+    eot = tok.convert_tokens_to_ids("<|endoftext|>")
+    timestamp_begin = tok.convert_tokens_to_ids("<|0.00|>")
+    model = WhisperForConditionalGeneration.from_pretrained(whisper_dir).eval()
+    outs = llm.generate([{"prompt_token_ids": prompt, "encoder_inputs": f} for f in features],
+                        SamplingParams(temperature=0.0, max_tokens=MAX_NEW, logprobs=0,
+                                       skip_special_tokens=False))
+    ended = 0
+    for row, (out, tokens) in enumerate(zip(outs, reference, strict=True)):
+        completion = out.outputs[0]
+        assert completion.token_ids == tokens
+        with torch.no_grad():
+            logits = model(input_features=features[row : row + 1],
+                           decoder_input_ids=torch.tensor([prompt + tokens])).logits[0]
+        logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1].float(), -1)
+        picked = logprobs[torch.arange(len(tokens)), torch.tensor(tokens)]
+        n = tokens.index(eot) if eot in tokens else len(tokens)
+        ended += eot in tokens
+        text = tok.decode([t for t in tokens[:n] if t < timestamp_begin],
+                          skip_special_tokens=True).encode()
+        got = window_scores(completion.token_ids,
+                            [lp[t].logprob for t, lp in zip(tokens, completion.logprobs,
+                                                            strict=True)],
+                            {eot}, timestamp_begin,
+                            lambda ids: tok.decode(ids, skip_special_tokens=True))
+        assert got.avg_logprob == pytest.approx(picked[: n + 1].sum().item() / (n + 1),
+                                                abs=1e-4)
+        assert got.compression_ratio == pytest.approx(len(text) / len(zlib.compress(text)))
+    assert ended == 0  # none of these clips ends within MAX_NEW: the sum / (n + 1) case
+    # A window that ends: the end token's logprob counts, tokens after it do not, and the
+    # divisor is the tokens before it + 1 (openai/whisper's sum_logprobs / (len + 1)).
+    ended_scores = window_scores([11, 12, eot, 13], [-1.0, -2.0, -0.5, -9.0], {eot},
+                                 timestamp_begin, lambda ids: "ab")
+    assert ended_scores.avg_logprob == pytest.approx(-3.5 / 3)

@@ -34,6 +34,7 @@ from inference_engine.entrypoints.openai.speech_format import (
     to_srt,
     to_vtt,
 )
+from inference_engine.entrypoints.openai.speech_scores import WindowScores, window_scores
 from inference_engine.entrypoints.openai.streaming import (
     DONE,
     EngineStreamingResponse,
@@ -269,7 +270,9 @@ async def _transcribe(speech: SpeechServing, raw: Request, task: str) -> Respons
         params = SamplingParams(temperature=form.temperature, seed=form.seed,
                                 top_p=1.0 if form.top_p is None else form.top_p,
                                 top_k=-1 if form.top_k is None else form.top_k,
-                                max_tokens=max_tokens, skip_special_tokens=True)
+                                max_tokens=max_tokens, skip_special_tokens=True,
+                                # verbose_json's avg_logprob: each sampled token's logprob.
+                                logprobs=0 if form.response_format == "verbose_json" else None)
     except ValueError as exc:
         raise APIError(str(exc)) from None
     requests = [EngineRequest(f"{request_id}-{i}", None, list(prompt_ids), params)
@@ -357,16 +360,30 @@ class _Transcription:
     def _usage(self) -> dict[str, Any]:
         return {"type": "duration", "seconds": int(math.ceil(self.duration))}
 
-    def _segments(self, finals: list[RequestOutput]) -> list[Segment]:
+    def _segments(self, finals: list[RequestOutput],
+                  scored: bool = False) -> list[tuple[Segment, WindowScores | None]]:
+        """Every window's segments in order, each with its window's scores (``scored``:
+        from the sampled tokens' logprobs, which the request then asked for)."""
         rate = self.speech.features.config.sampling_rate
         hop = self.speech.features.config.hop_length
-        decode = self.speech.serving.tokenizer.decode
-        segments: list[Segment] = []
+        tokenizer = self.speech.serving.tokenizer
+
+        def decode(ids: list[int]) -> str:
+            return tokenizer.decode(ids, skip_special_tokens=True)
+
+        segments: list[tuple[Segment, WindowScores | None]] = []
         for (start, clip), output in zip(self.windows, finals, strict=True):
-            segments += parse_segments(
-                output.outputs[0].token_ids, self.speech.timestamp_begin, self.speech.eos_ids,
-                start / rate, (start + len(clip)) / rate, start // hop,
-                lambda ids: decode(ids, skip_special_tokens=True))
+            completion = output.outputs[0]
+            scores = None
+            if scored:
+                scores = window_scores(
+                    completion.token_ids,
+                    [lp[t].logprob for t, lp in zip(completion.token_ids, completion.logprobs,
+                                                    strict=True)],
+                    self.speech.eos_ids, self.speech.timestamp_begin, decode)
+            segments += [(segment, scores) for segment in parse_segments(
+                completion.token_ids, self.speech.timestamp_begin, self.speech.eos_ids,
+                start / rate, (start + len(clip)) / rate, start // hop, decode)]
         return segments
 
     def response(self, finals: list[RequestOutput]) -> Response:
@@ -377,7 +394,9 @@ class _Transcription:
             return PlainTextResponse(text, headers=headers)
         if fmt == "json":
             return JSONResponse({"text": text, "usage": self._usage()}, headers=headers)
-        segments = self._segments(finals)
+        scored = fmt == "verbose_json"
+        pairs = self._segments(finals, scored)
+        segments = [segment for segment, _ in pairs]
         if fmt == "srt":
             return PlainTextResponse(to_srt(segments), headers=headers)
         if fmt == "vtt":
@@ -390,8 +409,10 @@ class _Transcription:
             "text": " ".join(s.text.strip() for s in segments) if segments else text,
             "segments": [{"id": i, "seek": s.seek, "start": s.start, "end": s.end,
                           "text": s.text, "tokens": s.tokens,
-                          "temperature": self.form.temperature}
-                         for i, s in enumerate(segments)],
+                          "temperature": self.form.temperature,
+                          "avg_logprob": scores.avg_logprob,
+                          "compression_ratio": scores.compression_ratio}
+                         for i, (s, scores) in enumerate(pairs) if scores is not None],
             "usage": self._usage(),
         }, headers=headers)
 
