@@ -56,29 +56,50 @@ def models(tmp_path_factory):
             "moe": _save(root / "moe", MOE_CONFIGS["qwen3_moe"](len(tokenizer)), tokenizer)}
 
 
-def _generate(model: Path, **kwargs) -> tuple[list[list[int]], list[str], object]:
+def _generate(model: Path, **kwargs) -> tuple[list[list[int]], list[str], object, int]:
+    """Greedy tokens and texts of the prompts, the DP balance counters (None on one
+    process) and DP rank 0's dummy forwards."""
     llm = cpu_llm(model, **ENGINE_ARGS, **kwargs)
     try:
         outputs = llm.generate(PARITY_PROMPTS, PARAMS, use_tqdm=False)
         return ([o.outputs[0].token_ids for o in outputs], [o.outputs[0].text for o in outputs],
-                getattr(llm.engine, "requests_routed", None))
+                getattr(llm.engine, "requests_routed", None),
+                getattr(llm.engine.runner, "dummy_forwards", 0))
     finally:
         llm.engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference(models):
+    return {name: _generate(path) for name, path in models.items()}
 
 
 @pytest.mark.parametrize(("name", "kwargs"), [
     ("dense", {}),
     ("moe", {"enable_expert_parallel": True}),
-], ids=["dense-dp2", "moe-dp2-ep"])
-def test_two_dp_ranks_give_one_process_tokens_and_share_the_requests(models, name, kwargs):
-    one, _, _ = _generate(models[name])
-    two, _, routed = _generate(models[name], data_parallel_size=2, **kwargs)
-    assert two == one
+    # 4 ranks: 2 DP engines of 2 TP ranks each (each DP engine spawns its TP worker).
+    ("moe", {"enable_expert_parallel": True, "tensor_parallel_size": 2}),
+    ("moe", {"enable_expert_parallel": True, "distributed_executor_backend": "ray"}),
+], ids=["dense-dp2", "moe-dp2-ep", "moe-tp2-dp2-ep", "moe-dp2-ep-ray"])
+def test_two_dp_ranks_give_one_process_tokens_and_share_the_requests(models, reference, name,
+                                                                   kwargs):
+    if kwargs.get("distributed_executor_backend") == "ray":
+        ray = pytest.importorskip("ray")
+    try:
+        two, _, routed, dummies = _generate(models[name], data_parallel_size=2, **kwargs)
+    finally:
+        if kwargs.get("distributed_executor_backend") == "ray":
+            ray.shutdown()
+    assert two == reference[name][0]
     # Five requests added at once: the shortest queue alternates, rank 0 first.
     assert routed == [3, 2]
+    if name == "moe":  # rank 0's prompts are shorter: it joins rounds with dummy forwards
+        assert dummies > 0
 
 
 def test_a_dead_dp_rank_fails_the_step_by_name(models):
+    """Killed between requests: the next round finds it (its pipe closed, or the lockstep
+    collective it leaves waiting fails at once under gloo)."""
     llm = cpu_llm(models["dense"], data_parallel_size=2, collective_timeout=30.0, **ENGINE_ARGS)
     try:
         llm.generate(PARITY_PROMPTS[:2], PARAMS, use_tqdm=False)
@@ -99,8 +120,28 @@ def _post(url: str, body: dict) -> tuple[int, dict]:
         return exc.code, json.loads(exc.read() or b"{}")
 
 
-def test_server_with_dp2_answers_as_one_process(models):
-    _, texts, _ = _generate(models["dense"])
+def _spawned_children(pid: int) -> list[int]:
+    """The server's spawned DP ranks (not multiprocessing's resource tracker)."""
+    found = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        for child in children.read_text().split():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+            if b"spawn_main" in cmdline:
+                found.append(int(child))
+    return found
+
+
+def _health(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=30) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_server_with_dp2_answers_as_one_process_and_turns_unhealthy_when_a_rank_dies(
+        models, reference):
+    texts = reference["dense"][1]
     server = ServerProcess(models["dense"], "-dp", "2", "--block-size", "4",
                            "--max-num-batched-tokens", "8", platform=TEST_PLATFORM,
                            kv_cache_memory="4MiB")
@@ -111,5 +152,15 @@ def test_server_with_dp2_answers_as_one_process(models):
                 "temperature": 0.0, "ignore_eos": True})
             assert status == 200, body
             assert body["choices"][0]["text"] == text
+        ranks = _spawned_children(server.proc.pid)
+        assert len(ranks) == 1
+        os.kill(ranks[0], signal.SIGKILL)
+        for prompt in PARITY_PROMPTS[:2]:  # one of them goes to the dead rank
+            status, body = _post(server.url + "/v1/completions", {
+                "model": str(models["dense"]), "prompt": prompt, "max_tokens": 4})
+            if status >= 500:
+                break
+        assert status >= 500 and "data-parallel rank 1" in json.dumps(body), body
+        assert _health(server.url) == 503
     finally:
         server.stop()
