@@ -1,7 +1,8 @@
 """Block-quantized checkpoints under tensor parallelism (gloo, 2 ranks): one process's tokens.
 
 An MXFP4 checkpoint (gpt-oss-style ``weight_blocks``/``weight_scales`` written from the
-spec's formula by :mod:`inference_engine_quant.mx_testing`) and a GGUF file (written by the
+spec's formula by :mod:`inference_engine_quant.mx_testing`), a ModelOpt NVFP4 one (same
+helpers) and a GGUF file (written by the
 ``gguf`` package through the plugin's exporter, K-quants of 256-value superblocks) run
 with ``LLM(tensor_parallel_size=2)`` (the mp executor: this process is rank 0, one spawned
 worker rank 1): column-parallel layers keep their rows with their scales / superblocks,
@@ -61,6 +62,28 @@ def _mxfp4_checkpoint(root: Path, tokenizer, **overrides) -> Path:
     return root / "q"
 
 
+def _nvfp4_checkpoint(root: Path, tokenizer, **overrides) -> Path:
+    """A ModelOpt NVFP4 checkpoint (16-value blocks with E4M3 scales, one global scale per
+    tensor) of every decoder linear layer; the LM head excluded."""
+    from inference_engine_quant.mx_testing import ref_nvfp4, write_quantized_checkpoint
+
+    model = _hf_model(tokenizer, **overrides)
+    model.save_pretrained(root / "base")
+    tokenizer.save_pretrained(root / "base")
+
+    def quantize(module, w):
+        packed, block_scales, global_scale, deq = ref_nvfp4(w)
+        return {".weight": packed, ".weight_scale": block_scales,
+                ".weight_scale_2": global_scale}, deq
+
+    hf_quant = {"producer": {"name": "modelopt", "version": "0.29.0"},
+                "quantization": {"quant_algo": "NVFP4", "group_size": 16,
+                                 "kv_cache_quant_algo": None, "exclude_modules": ["lm_head"]}}
+    write_quantized_checkpoint(root / "base", root / "q", root / "dq", quantize,
+                               hf_quant_config=hf_quant)
+    return root / "q"
+
+
 def _gguf_file(path: Path, tokenizer, qtype, **overrides) -> Path:
     from inference_engine_gguf.export import export_to_gguf
 
@@ -95,6 +118,17 @@ def test_mxfp4_checkpoint_under_tp2_gives_one_process_tokens(tmp_path, tokenizer
     # Rank 0 holds half of K's blocks of down_proj and half the rows of gate/up.
     assert tuple(layer.mlp.down_proj.weight_blocks.shape) == (64, 2, 16)
     assert tuple(layer.mlp.gate_up_proj.weight_scales.shape) == (128, 2)
+    assert two == one
+
+
+def test_modelopt_nvfp4_checkpoint_under_tp2_gives_one_process_tokens(tmp_path, tokenizer):
+    # o_proj K = 64 and down_proj K = 128: 32 and 64 columns per rank, whole 16-value blocks;
+    # each part's global scale is a scalar both ranks keep.
+    path = _nvfp4_checkpoint(tmp_path, tokenizer, head_dim=16)
+    one, _ = _tokens(path)
+    two, layer = _tokens(path, tensor_parallel_size=2)
+    assert layer.mlp.down_proj.linear_format.name == "nvfp4"
+    assert tuple(layer.mlp.down_proj.weight_scale.shape) == (64, 4)
     assert two == one
 
 

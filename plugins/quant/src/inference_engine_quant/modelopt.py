@@ -90,6 +90,9 @@ class ModelOptMethod(PerLayerFormatMethod):
     """
 
     name = "modelopt"
+    # NVFP4 (16-value blocks, scalar global scales), FP8 per-tensor and MXFP8 (32-value
+    # blocks) layers are cut with their rows / whole blocks of K; experts are not (FusedMoE).
+    supports_tensor_parallel = True
 
     def __init__(self, checkpoint_config: dict[str, Any] | None = None, **options: Any) -> None:
         super().__init__(checkpoint_config, **options)

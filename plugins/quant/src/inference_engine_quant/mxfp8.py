@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from inference_engine.layers.tp_blocks import check_row_shard_blocks
 from torch import nn
 
 from inference_engine_quant.mx_block import (
@@ -93,6 +94,8 @@ class Mxfp8Format(LinearFormat):
                        output_sizes: list[int], params_dtype: torch.dtype) -> None:
         layer.mx_input_size = input_size
         layer.mx_params_dtype = params_dtype
+        # Row-parallel: each rank's input columns whole 32-value blocks (online too).
+        check_row_shard_blocks(layer, MX_BLOCK_SIZE, "MXFP8")
         if self.online:
             self._dense.create_weights(layer, prefix, input_size, output_sizes, params_dtype)
             return

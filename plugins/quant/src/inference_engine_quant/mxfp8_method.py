@@ -33,6 +33,8 @@ class Mxfp8Method(PerLayerFormatMethod):
     """
 
     name = "mxfp8"
+    # Values and E8M0 scales cut with their rows / whole 32-value blocks of K (online too).
+    supports_tensor_parallel = True
 
     def __init__(self, checkpoint_config: dict[str, Any] | None = None, **options: Any) -> None:
         super().__init__(checkpoint_config, **options)

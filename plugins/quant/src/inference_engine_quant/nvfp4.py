@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from inference_engine.layers.tp_blocks import check_row_shard_blocks
 from torch import nn
 
 from inference_engine_quant.kernels.fp4_gemm import fp4_linear_reference
@@ -86,6 +87,9 @@ class Nvfp4Format(LinearFormat):
         layer.mx_input_size = input_size
         layer.mx_params_dtype = params_dtype
         layer.mx_prefix = prefix
+        # Row-parallel: each rank's input columns whole 16-value blocks (their E4M3 scales);
+        # the per-part global scale is a scalar every rank keeps whole.
+        check_row_shard_blocks(layer, NVFP4_BLOCK_SIZE, "NVFP4")
         if self.online:
             self._dense.create_weights(layer, prefix, input_size, output_sizes, params_dtype)
             return
