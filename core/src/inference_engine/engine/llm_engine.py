@@ -290,12 +290,15 @@ class LLMEngine:
     def _num_blocks(self, bytes_per_block: int) -> int:
         memory = self.config.cache.kv_cache_memory
         profiler = self.platform.memory_profiler()
+        # The per-sequence state pool (hybrid, encoder-decoder models) comes out of the same
+        # budget; a profiled budget has it already (allocated: counted with the weights).
+        state_bytes = self._state_cache_bytes
         if memory is None and profiler is not None:
             memory = self._profiled_kv_memory(profiler)
+            state_bytes = 0
         elif memory is None:
             memory = self._default_kv_memory()
-        # The per-sequence state pool (hybrid models) comes out of the same budget.
-        num_blocks = max(0, memory - self._state_cache_bytes) // bytes_per_block
+        num_blocks = max(0, memory - state_bytes) // bytes_per_block
         if self.config.cache.kv_cache_memory is None and profiler is None:
             # No point zero-filling more than every sequence at full length could use.
             per_seq = -(-self.max_model_len // self.config.cache.block_size)
@@ -304,7 +307,7 @@ class LLMEngine:
             raise ValueError(
                 f"kv_cache_memory={memory} bytes holds {num_blocks} blocks of {bytes_per_block} "
                 f"bytes; at least 2 are needed"
-                + (f" (the per-sequence state pool of {self.config.scheduler.max_num_seqs} "
+                + (f" (the per-sequence state pool of {self.runner.state_pool.num_slots} "
                    f"slots took {self._state_cache_bytes} bytes of it first: raise "
                    f"--kv-cache-memory or lower --max-num-seqs)"
                    if self._state_cache_bytes else "")
