@@ -149,6 +149,36 @@ def test_gguf_k_quants_under_tp2_give_one_process_tokens(tmp_path, tokenizer):
     assert two == one
 
 
+def test_fp8_block_experts_placed_over_two_expert_parallel_ranks(tmp_path, tokenizer):
+    """FP8 block-scaled Qwen3-MoE experts (``inference-engine quantize --method fp8-block``)
+    placed whole over 2 EP ranks (2 DP ranks), each loading its experts' weights and block
+    scales: one process's tokens. Splitting quantized experts' widths (TP without EP) is refused."""
+    import transformers
+    from inference_engine.testing_parity import MOE_CONFIGS
+    from inference_engine_quant.quantize_cli import quantize_checkpoint
+
+    config = MOE_CONFIGS["qwen3_moe"](len(tokenizer))
+    config.eos_token_id, config.pad_token_id, config.bos_token_id = (
+        tokenizer.eos_token_id, tokenizer.pad_token_id, None)
+    torch.manual_seed(0)
+    randomize(transformers.AutoModelForCausalLM.from_config(config), std=0.1).save_pretrained(
+        tmp_path / "base")
+    tokenizer.save_pretrained(tmp_path / "base")
+    quantize_checkpoint(tmp_path / "base", tmp_path / "fp8", "fp8-block", show_progress=False)
+    path = tmp_path / "fp8"
+    one, _ = _tokens(path)
+    # Two DP ranks (attention whole on each: its 64-wide projections are one FP8 block)
+    # with the experts over both: the data-parallel front end, MoE in lockstep.
+    two, layer = _tokens(path, data_parallel_size=2, enable_expert_parallel=True)
+    experts = layer.mlp.experts
+    assert type(experts.quant_method).__name__ == "Fp8FusedMoEMethod"
+    assert experts.gate_up_proj.shape[0] == 4 and experts.gate_up_proj.dtype == torch.float8_e4m3fn
+    assert two == one
+    with pytest.raises(ValueError, match="tensor parallelism of quantized experts "
+                                         r"\(Fp8FusedMoEMethod.*--enable-expert-parallel"):
+        cpu_llm(path, tensor_parallel_size=2, **ENGINE_ARGS)
+
+
 @pytest.mark.parametrize(("kind", "message"), [
     ("mxfp4", r"mlp\.down_proj: MXFP4 blocks hold 32 input values, but tensor_parallel_size 2 "
               r"gives each rank 48 of the 96"),

@@ -80,6 +80,9 @@ class Fp8FusedMoEMethod(FusedMoEMethod):
     """FP8 experts kept in FP8 and multiplied through the quantized grouped GEMM."""
 
     format_name = "fp8"
+    # Every parameter (block / per-tensor scales too) runs over experts first: whole experts
+    # are placed over EP ranks; splitting each expert's width under TP is not implemented.
+    supports_expert_parallel = True
 
     def __init__(self, block_nk: tuple[int, int] | None, online: bool,
                  scale_name: str = "weight_scale_inv", dequantize_at_load: bool = False,

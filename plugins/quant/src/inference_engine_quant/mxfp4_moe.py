@@ -43,6 +43,10 @@ _HALF = MX_BLOCK_SIZE // 2
 class Mxfp4FusedMoEMethod(FusedMoEMethod):
     """MXFP4 experts (gpt-oss, MiniMax-M3 or online-quantized ones), packed at rest."""
 
+    # Blocks, scales and biases run over experts first: whole experts are placed over EP
+    # ranks; splitting each expert's width under TP is not implemented.
+    supports_expert_parallel = True
+
     # Name under which weight-memory reports list these experts.
     format_name = "mxfp4"
 

@@ -184,9 +184,17 @@ class FusedMoE(nn.Module):
         self.quant_method.create_weights(self, prefix, self.placement.num_local, hidden_size,
                                          self.local_intermediate, ctx.dtype, bias)
         if self._ep.size > 1 or self._tp.size > 1:
-            if type(self.quant_method) is not UnquantizedFusedMoEMethod:
-                raise ValueError(f"{prefix}: tensor/expert parallelism of quantized experts "
-                                 f"({type(self.quant_method).__name__}) is not implemented")
+            quantized = type(self.quant_method) is not UnquantizedFusedMoEMethod
+            method_name = type(self.quant_method).__name__
+            if quantized and self._tp.size > 1:
+                hint = ("; --enable-expert-parallel places whole experts instead"
+                        if self.quant_method.supports_expert_parallel else "")
+                raise ValueError(f"{prefix}: tensor parallelism of quantized experts "
+                                 f"({method_name}: their block scales are not cut with the "
+                                 f"intermediate width) is not implemented{hint}")
+            if not self.quant_method.supports_expert_parallel:
+                raise ValueError(f"{prefix}: expert parallelism of quantized experts "
+                                 f"({method_name}) is not implemented")
             for name, param in self.named_parameters(recurse=False):
                 param.weight_loader = shard_expert_loader(  # type: ignore[attr-defined]
                     param.weight_loader, name, self.placement, self._tp, intermediate_size,

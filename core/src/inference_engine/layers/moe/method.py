@@ -28,6 +28,11 @@ ExpertWeights = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Ten
 class FusedMoEMethod(ABC):
     """Creates, loads and presents one MoE layer's expert weights."""
 
+    # Whether whole experts may be placed over expert-parallel ranks: every parameter's
+    # first dimension runs over experts and per-expert checkpoint tensors load by
+    # ``(expert, part)``, so the EP loader keeps the local experts' slices (scales too).
+    supports_expert_parallel: bool = False
+
     @abstractmethod
     def create_weights(self, layer: nn.Module, prefix: str, num_experts: int, hidden_size: int,
                        intermediate_size: int, params_dtype: torch.dtype, bias: bool) -> None:
@@ -66,6 +71,8 @@ class UnquantizedFusedMoEMethod(FusedMoEMethod):
     loads whole; per-expert checkpoint tensors load into one expert's rows
     through the part id ``(expert, "gate" | "up" | "down")``.
     """
+
+    supports_expert_parallel = True
 
     def create_weights(self, layer: nn.Module, prefix: str, num_experts: int, hidden_size: int,
                        intermediate_size: int, params_dtype: torch.dtype, bias: bool) -> None:
