@@ -97,12 +97,24 @@ def test_two_dp_ranks_give_one_process_tokens_and_share_the_requests(models, ref
         assert dummies > 0
 
 
-def test_a_dead_dp_rank_fails_the_step_by_name(models):
-    """Killed between requests: the next round finds it (its pipe closed, or the lockstep
-    collective it leaves waiting fails at once under gloo)."""
+def test_aborts_reach_the_owning_rank_and_a_dead_dp_rank_fails_the_step_by_name(models):
+    """An abort goes to the DP rank holding the request (its final output says so, the
+    other request finishes). Then rank 1 is killed between requests: the next round finds
+    it (its pipe closed, or the lockstep collective it leaves waiting fails at once)."""
     llm = cpu_llm(models["dense"], data_parallel_size=2, collective_timeout=30.0, **ENGINE_ARGS)
     try:
-        llm.generate(PARITY_PROMPTS[:2], PARAMS, use_tqdm=False)
+        engine = llm.engine
+        kept, dropped = (engine.add_request(p, PARAMS) for p in PARITY_PROMPTS[:2])
+        assert engine.request_ids() == [kept, dropped] and engine.queued == [1, 1]
+        engine.step()
+        [aborted] = engine.abort_request(dropped)
+        assert aborted.finished and aborted.outputs[0].finish_reason == "abort"
+        assert engine.queued == [1, 0]
+        finished = []
+        while engine.has_unfinished_requests():
+            finished += [o for o in engine.step() if o.finished]
+        assert [o.request_id for o in finished] == [kept]
+        assert len(finished[0].outputs[0].token_ids) == NEW_TOKENS
         os.kill(llm.engine.remotes[0].pid, signal.SIGKILL)
         with pytest.raises(RankFailedError, match="data-parallel rank 1"):
             llm.generate(PARITY_PROMPTS, PARAMS, use_tqdm=False)
