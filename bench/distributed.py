@@ -1,7 +1,10 @@
 """Tensor / expert parallelism: tokens/s and per-step collective time, 1 rank vs N ranks.
 
 The same random model and workload run through ``LLM(tensor_parallel_size=tp)`` for
-each ``--tp`` (the mp executor: rank 0 in this process, the others spawned). Rank 0's
+each ``--tp`` (the mp executor: rank 0 in this process, the others spawned), then through
+``LLM(data_parallel_size=dp)`` for each ``--dp`` (the data-parallel front end: DP rank 0
+here, the others spawned engines; requests balanced by queue length, MoE experts over the
+DP ranks with ``--moe``). Rank 0's
 collectives are timed (each waits for completion, so the time includes waiting for the
 slowest rank); per step = their total / engine steps. On the CPU the ranks use gloo and
 share the host's cores (``threads / tp`` each); on a multi-GPU machine the same command
@@ -11,7 +14,7 @@ Model: Qwen3, hidden 1024, 8 layers, 16 heads / 8 KV heads of 64, MLP 3072, voca
 8192, bfloat16 random weights (``--moe``: Qwen3-MoE, 16 experts of 512, top-2, with
 ``--enable-expert-parallel`` for EP over the same ranks).
 
-Run:  OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/distributed.py --tp 1,2 [--moe] \
+Run:  OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/distributed.py --tp 1,2 [--dp 2] [--moe] \
           [--platform cpu] [--requests 8 --prompt-tokens 128 --output-tokens 32]
 """
 
@@ -57,9 +60,10 @@ def build_model(path: str, moe: bool, layers: int) -> None:
     word_level_tokenizer(VOCAB).save_pretrained(path)
 
 
-def measure(path: str, tp: int, args: argparse.Namespace) -> dict[str, float]:
-    llm = LLM(path, tensor_parallel_size=tp, platform=args.platform, dtype="bfloat16",
-              enable_expert_parallel=args.moe and tp > 1, all2all_backend=args.all2all,
+def measure(path: str, tp: int, args: argparse.Namespace, dp: int = 1) -> dict[str, float]:
+    llm = LLM(path, tensor_parallel_size=tp, data_parallel_size=dp, platform=args.platform,
+              dtype="bfloat16", enable_expert_parallel=args.moe and tp * dp > 1,
+              all2all_backend=args.all2all,
               enable_prefix_caching=False, show_progress=False,
               max_num_batched_tokens=args.requests * args.prompt_tokens)
     engine = llm.engine
@@ -71,7 +75,8 @@ def measure(path: str, tp: int, args: argparse.Namespace) -> dict[str, float]:
         llm.generate(prompts[:2], SamplingParams(max_tokens=4, ignore_eos=True),
                      use_tqdm=False)  # warm-up
         state = parallel_state()
-        groups = {id(g): g for g in (state.tp, state.ep)}.values()
+        # With DP, rank 0's lockstep announcements (dp group) count as collectives too.
+        groups = {id(g): g for g in (state.tp, state.ep, state.dp)}.values()
         for group in groups:
             group.timer.reset()
             group.timer.enabled = True
@@ -94,7 +99,9 @@ def measure(path: str, tp: int, args: argparse.Namespace) -> dict[str, float]:
             group.timer.enabled = False
     finally:
         engine.shutdown()
-    return {"tok_s": generated / elapsed, "steps": steps, "step_ms": 1e3 * elapsed / steps,
+    routed = getattr(engine, "requests_routed", None)
+    return {"routed": routed, "tok_s": generated / elapsed, "steps": steps,
+            "step_ms": 1e3 * elapsed / steps,
             "collective_ms_per_step": 1e3 * collective / steps,
             "collectives_per_step": calls / steps,
             **{f"{op}_ms_per_step": 1e3 * s / steps for op, s in by_op.items()}}
@@ -103,6 +110,7 @@ def measure(path: str, tp: int, args: argparse.Namespace) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tp", default="1,2", help="comma-separated rank counts to compare")
+    parser.add_argument("--dp", default="", help="comma-separated DP sizes to run (tp=1 each)")
     parser.add_argument("--moe", action="store_true", help="Qwen3-MoE with expert parallelism")
     parser.add_argument("--all2all", default="allgather_reducescatter",
                         choices=["allgather_reducescatter", "alltoall"])
@@ -117,12 +125,15 @@ def main() -> None:
         build_model(path, args.moe, args.layers)
         print(f"{'MoE' if args.moe else 'dense'} model, {args.requests} requests x "
               f"{args.prompt_tokens} prompt + {args.output_tokens} output tokens")
-        for tp in (int(t) for t in args.tp.split(",")):
-            r = measure(path, tp, args)
+        runs = [(int(t), 1) for t in args.tp.split(",") if t]
+        runs += [(1, int(d)) for d in args.dp.split(",") if d]
+        for tp, dp in runs:
+            r = measure(path, tp, args, dp)
             ops = ", ".join(f"{k.removesuffix('_ms_per_step')} {v:.2f}" for k, v in r.items()
                             if k.endswith("_ms_per_step") and not k.startswith("collective"))
-            print(f"tp={tp}: {r['tok_s']:8.1f} tok/s, {r['steps']} steps of {r['step_ms']:.1f} "
-                  f"ms, collectives {r['collective_ms_per_step']:.2f} ms/step "
+            label = f"tp={tp}" if dp == 1 else f"dp={dp} (requests per rank {r['routed']})"
+            print(f"{label}: {r['tok_s']:8.1f} tok/s, {r['steps']} steps of "
+                  f"{r['step_ms']:.1f} ms, collectives {r['collective_ms_per_step']:.2f} ms/step "
                   f"({r['collectives_per_step']:.0f} calls/step{': ' + ops if ops else ''})",
                   flush=True)
 
