@@ -316,7 +316,8 @@ def test_paged_backend_with_a_bfloat16_cache_matches_reference():
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads,kv_heads,dim,block", [(8, 4, 64, 16), (4, 4, 32, 4),
-                                                      (8, 2, 128, 16), (6, 1, 64, 8)])
+                                                      (8, 2, 128, 16), (6, 1, 64, 8),
+                                                      (4, 2, 48, 16), (6, 2, 96, 8)])
 @pytest.mark.parametrize("sliding_window", [None, 21])
 def test_cpu_prefill_kernel_matches_causal_attention(cache_dtype, heads, kv_heads, dim, block,
                                                      sliding_window):
@@ -373,8 +374,8 @@ def test_cpu_prefill_kernel_matches_causal_attention(cache_dtype, heads, kv_head
 def test_prefill_kernel_refuses_what_it_cannot_do():
     from inference_engine.builtin.attention.cpu_prefill_kernel import paged_prefill_attention
 
-    k_cache = torch.zeros(4, 16, 2, 48)  # head size 48: no instance
-    q = torch.randn(3, 4, 48)
+    k_cache = torch.zeros(4, 16, 2, 40)  # head size 40: no instance
+    q = torch.randn(3, 4, 40)
     assert paged_prefill_attention(q, k_cache, k_cache, torch.zeros(1, 1, dtype=torch.long), [3],
                                    [3], 0.1, None) is None
 

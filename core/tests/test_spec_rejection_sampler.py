@@ -130,3 +130,30 @@ def test_ngram_finds_the_longest_recurring_suffix():
     assert find_ngram_drafts([5, 6, 5, 6, 5, 6], 2, 2, 3) == [5, 6, 5]
     # The longest match wins over a shorter, later one.
     assert find_ngram_drafts([7, 8, 9, 1, 8, 9, 2, 7, 8, 9], 1, 3, 1) == [1]
+
+
+def _ngram_reference(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
+    """The rule in plain Python: for n from the longest down, the occurrences of the last n
+    tokens that end before the last token; the latest with k tokens after it, else the
+    earliest."""
+    length = len(tokens)
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        suffix = tokens[length - n:]
+        starts = [s for s in range(length - n) if tokens[s : s + n] == suffix]
+        if starts and k > 0:
+            full = [s for s in starts if s + n + k <= length]
+            start = (full[-1] if full else starts[0]) + n
+            return tokens[start : start + k]
+    return []
+
+
+def test_ngram_matches_the_plain_python_rule_on_random_contexts():
+    import random
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        tokens = [rng.randrange(rng.choice([2, 3, 6])) for _ in range(rng.randint(0, 30))]
+        lo = rng.randint(1, 4)
+        hi, k = rng.randint(lo, 6), rng.randint(0, 5)
+        assert find_ngram_drafts(tokens, lo, hi, k) == _ngram_reference(tokens, lo, hi, k), (
+            tokens, lo, hi, k)

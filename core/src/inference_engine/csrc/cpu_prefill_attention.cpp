@@ -184,7 +184,9 @@ torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tenso
   const bool f32 = ct == torch::kFloat32;
   switch (d) {
     case 32: if (f32) IE_PREFILL(float, 2); else IE_PREFILL(at::BFloat16, 2); break;
+    case 48: if (f32) IE_PREFILL(float, 3); else IE_PREFILL(at::BFloat16, 3); break;
     case 64: if (f32) IE_PREFILL(float, 4); else IE_PREFILL(at::BFloat16, 4); break;
+    case 96: if (f32) IE_PREFILL(float, 6); else IE_PREFILL(at::BFloat16, 6); break;
     case 128: if (f32) IE_PREFILL(float, 8); else IE_PREFILL(at::BFloat16, 8); break;
     case 256: if (f32) IE_PREFILL(float, 16); else IE_PREFILL(at::BFloat16, 16); break;
     default: TORCH_CHECK(false, "head size ", d, " has no CPU prefill kernel");

@@ -32,20 +32,34 @@ def find_ngram_drafts(token_ids: Sequence[int] | np.ndarray, min_n: int, max_n: 
     """
     tokens = np.asarray(token_ids, dtype=np.int64)
     length = len(tokens)
-    if k <= 0:
+    max_n = min(max_n, length - 1)
+    if k <= 0 or max_n < min_n or min_n < 1:
         return []
-    for n in range(min(max_n, length - 1), min_n - 1, -1):
-        suffix = tokens[length - n:]
-        # Candidate starts 0..length-n-1 (the suffix itself, at length-n, is excluded).
-        windows = np.lib.stride_tricks.sliding_window_view(tokens[: length - 1], n)
-        hits = np.flatnonzero((windows == suffix).all(axis=1))
-        if len(hits):
-            # The latest occurrence followed by k tokens (recent context predicts best), or
-            # failing that the earliest (the most tokens follow it: a short period repeats).
-            full = hits[hits + n + k <= length]
-            start = int(full[-1] if len(full) else hits[0]) + n
-            return tokens[start : start + k].tolist()
-    return []
+    # Candidate occurrence ends: earlier positions (not the last) holding the last token.
+    ends = np.flatnonzero(tokens[: length - 1] == tokens[-1])
+    if not len(ends):
+        return []
+    # How far back each candidate matches the suffix (capped at max_n): one comparison
+    # per candidate and suffix position, instead of a window scan per suffix length.
+    match = np.ones(len(ends), dtype=np.int64)
+    alive = np.ones(len(ends), dtype=bool)
+    for j in range(1, max_n):
+        back = ends - j
+        alive &= back >= 0
+        alive[alive] = tokens[back[alive]] == tokens[length - 1 - j]
+        if not alive.any():
+            break
+        match += alive
+    n = int(match.max())
+    if n < min_n:
+        return []
+    # Occurrences of the longest suffix, by start: the latest followed by k tokens (recent
+    # context predicts best), or failing that the earliest (the most tokens follow it: a
+    # short period repeats).
+    starts = ends[match >= n] - n + 1
+    full = starts[starts + n + k <= length]
+    start = int(full[-1] if len(full) else starts[0]) + n
+    return tokens[start : start + k].tolist()
 
 
 class NgramProposer(Proposer):

@@ -13,7 +13,7 @@ KV head together, run on the core's spinning pool.
 
 Replaces torch's float32 flash SDPA plus a context gather for continued
 chunks (timings in ``docs/benchmarks.md``, "CPU kernel timings"). AVX-512,
-float32 queries, float32 or bfloat16 caches, head sizes of 32/64/128/256, no
+float32 queries, float32 or bfloat16 caches, head sizes of 32/48/64/96/128/256, no
 sinks; everything else keeps the torch path, which is the reference it is
 tested against. The C++ is ``csrc/cpu_prefill_attention.cpp``, built on first
 use by :mod:`inference_engine.cpu_extensions`.
@@ -31,7 +31,7 @@ from inference_engine.cpu_thread_pool import load_pooled_sources
 __all__ = ["paged_prefill_attention", "prefill_kernel"]
 
 # Head sizes the kernel is instantiated for.
-_HEAD_SIZES = (32, 64, 128, 256)
+_HEAD_SIZES = (32, 48, 64, 96, 128, 256)
 
 
 def prefill_kernel() -> Any | None:
