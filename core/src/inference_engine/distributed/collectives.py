@@ -169,8 +169,11 @@ class GroupCollectives:
         """Sum small host integers over the group on its CPU group (flags, token counts)."""
         if self.size == 1:
             return list(values)
+        start = time.perf_counter() if self.timer.enabled else 0.0
         t = torch.tensor(values, dtype=torch.int64)
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.cpu_group)
+        if self.timer.enabled:  # DP lockstep rounds: the wait for the slowest DP rank
+            self._timed("host_sum", t, start)
         return t.tolist()
 
     def all_gather_object(self, obj: Any) -> list[Any]:
