@@ -176,8 +176,11 @@ def test_engine_config_device_ids():
         ParallelConfig(device_ids="0,2")
     # One device per rank: two ranks of tensor parallelism take two ids.
     assert ParallelConfig(device_ids="0,2", tensor_parallel_size=2).device_ids == [0, 2]
-    with pytest.raises(ValueError, match="--data-parallel-size > 1 runs under torchrun only"):
-        ParallelConfig(data_parallel_size=2)
+    # Data parallelism: one device per DP engine too (the mp / Ray front end starts them).
+    assert ParallelConfig(device_ids="0,1", data_parallel_size=2).device_ids == [0, 1]
+    with pytest.raises(ValueError, match="with --tensor-parallel-size > 1 on the ray executor"):
+        ParallelConfig(data_parallel_size=2, tensor_parallel_size=2,
+                       distributed_executor_backend="ray")
 
 
 def test_profiles_are_consistent():
