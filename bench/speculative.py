@@ -2,11 +2,11 @@
 without speculation, side by side in one process (issue 27).
 
 Target: the committed demo model (models/demo-qwen3-tiny, trained Qwen3, 2M parameters,
-float32), greedy, ``ignore_eos``. Cases, each timed against plain decoding alternately
+float32). Cases, each timed against plain decoding alternately
 (median of ``--reps`` runs, after one warm-up run each):
 
 * ``ngram``: prompt lookup (k=4, n-grams of 2..4) on a repetitive workload (numbered lists,
-  repeated code lines), at batch 1 and batch 4.
+  repeated code lines), greedy, ``ignore_eos``, at batch 1 and batch 4.
 * ``draft_model``, on demo-corpus chats (prompts rendered as the server renders them, fresh
   ones the demo model was not trained on; one request at a time, up to EOS), greedy and
   temperature 0.8 (seeded), k=3, with two drafters of one decoder layer: the demo model cut
@@ -18,14 +18,15 @@ float32), greedy, ``ignore_eos``. Cases, each timed against plain decoding alter
   acceptance (every greedy draft is the target's own pick) that shows what the drafter's
   forwards cost.
 * ``eagle3`` / ``dflash``: random drafters in the public checkpoint layouts (no trained one
-  exists for the demo model): what drafting costs, acceptance near zero by construction.
+  exists for the demo model), greedy on the repetitive prompt: what drafting costs,
+  acceptance near zero by construction.
 
 Each row reports output tok/s with and without speculation, the speed-up, the acceptance
 length (1 + accepted drafts per verifying request-step) and per-position acceptance.
 Timings on this shared 2-core machine swing with other jobs: run with
 ``OMP_WAIT_POLICY=PASSIVE`` and compare the columns of one run only.
 
-Each row also reports the process CPU seconds per output token of both engines (the
+Each row also reports the process CPU milliseconds per output token of both engines (the
 machine is shared: CPU time is less swayed by other jobs than wall time).
 
 Run:  OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/speculative.py [--json] [--cases ngram,draft]
