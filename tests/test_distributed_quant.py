@@ -149,22 +149,30 @@ def test_gguf_k_quants_under_tp2_give_one_process_tokens(tmp_path, tokenizer):
     assert two == one
 
 
-def test_fp8_block_experts_placed_over_two_expert_parallel_ranks(tmp_path, tokenizer):
-    """FP8 block-scaled Qwen3-MoE experts (``inference-engine quantize --method fp8-block``)
-    placed whole over 2 EP ranks (2 DP ranks), each loading its experts' weights and block
-    scales: one process's tokens. Splitting quantized experts' widths (TP without EP) is refused."""
+def _moe_checkpoint(root: Path, tokenizer, **overrides) -> Path:
     import transformers
     from inference_engine.testing_parity import MOE_CONFIGS
-    from inference_engine_quant.quantize_cli import quantize_checkpoint
 
     config = MOE_CONFIGS["qwen3_moe"](len(tokenizer))
+    for key, value in overrides.items():
+        setattr(config, key, value)
     config.eos_token_id, config.pad_token_id, config.bos_token_id = (
         tokenizer.eos_token_id, tokenizer.pad_token_id, None)
     torch.manual_seed(0)
     randomize(transformers.AutoModelForCausalLM.from_config(config), std=0.1).save_pretrained(
-        tmp_path / "base")
-    tokenizer.save_pretrained(tmp_path / "base")
-    quantize_checkpoint(tmp_path / "base", tmp_path / "fp8", "fp8-block", show_progress=False)
+        root / "base")
+    tokenizer.save_pretrained(root / "base")
+    return root / "base"
+
+
+def test_fp8_block_experts_placed_over_two_expert_parallel_ranks(tmp_path, tokenizer):
+    """FP8 block-scaled Qwen3-MoE experts (``inference-engine quantize --method fp8-block``)
+    placed whole over 2 EP ranks (2 DP ranks), each loading its experts' weights and block
+    scales: one process's tokens. Split across TP, experts 32 wide would cut a 128-block."""
+    from inference_engine_quant.quantize_cli import quantize_checkpoint
+
+    quantize_checkpoint(_moe_checkpoint(tmp_path, tokenizer), tmp_path / "fp8", "fp8-block",
+                        show_progress=False)
     path = tmp_path / "fp8"
     one, _ = _tokens(path)
     # Two DP ranks (attention whole on each: its 64-wide projections are one FP8 block)
@@ -174,9 +182,39 @@ def test_fp8_block_experts_placed_over_two_expert_parallel_ranks(tmp_path, token
     assert type(experts.quant_method).__name__ == "Fp8FusedMoEMethod"
     assert experts.gate_up_proj.shape[0] == 4 and experts.gate_up_proj.dtype == torch.float8_e4m3fn
     assert two == one
-    with pytest.raises(ValueError, match="tensor parallelism of quantized experts "
-                                         r"\(Fp8FusedMoEMethod.*--enable-expert-parallel"):
+    with pytest.raises(ValueError, match=r"mlp\.experts: Fp8FusedMoEMethod experts keep blocks "
+                                         r"of 128 intermediate values whole, but "
+                                         r"tensor_parallel_size 2 gives each rank 16 of 32"):
         cpu_llm(path, tensor_parallel_size=2, **ENGINE_ARGS)
+
+
+def test_fp8_block_experts_split_across_two_tp_ranks(tmp_path, tokenizer):
+    """Each expert's intermediate width (256) split over 2 TP ranks in whole 128-blocks: the
+    per-expert weights by rows (gate/up) and columns (down), their block scales by blocks.
+    Attention 4 x 64 heads and 4 KV heads keep every FP8 shard a whole number of blocks."""
+    from inference_engine_quant.quantize_cli import quantize_checkpoint
+
+    base = _moe_checkpoint(tmp_path, tokenizer, hidden_size=256, moe_intermediate_size=256,
+                           num_experts=4, head_dim=64, num_key_value_heads=4)
+    quantize_checkpoint(base, tmp_path / "fp8", "fp8-block", show_progress=False)
+    one, _ = _tokens(tmp_path / "fp8")
+    two, layer = _tokens(tmp_path / "fp8", tensor_parallel_size=2)
+    experts = layer.mlp.experts
+    assert tuple(experts.down_proj.shape) == (4, 256, 128)  # this rank's half of I
+    assert two == one
+
+
+def test_online_mxfp4_experts_split_across_two_tp_ranks(tmp_path, tokenizer):
+    """``--quantization mxfp4`` (online) on Qwen3-MoE experts 64 wide: each TP rank quantizes
+    its 32 columns of down (one whole 32-value block) and its rows of gate/up, as one process
+    would; attention and experts MXFP4, tokens equal one process's."""
+    base = _moe_checkpoint(tmp_path, tokenizer, moe_intermediate_size=64)
+    one, _ = _tokens(base, quantization="mxfp4")
+    two, layer = _tokens(base, quantization="mxfp4", tensor_parallel_size=2)
+    experts = layer.mlp.experts
+    assert type(experts.quant_method).__name__ == "Mxfp4FusedMoEMethod"
+    assert tuple(experts.down_proj_blocks.shape) == (8, 64, 1, 16)
+    assert two == one
 
 
 @pytest.mark.parametrize(("kind", "message"), [

@@ -22,6 +22,7 @@ used and are refused), the torch path dequantizes only the routed experts.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import partial
 
@@ -81,7 +82,7 @@ class Fp8FusedMoEMethod(FusedMoEMethod):
 
     format_name = "fp8"
     # Every parameter (block / per-tensor scales too) runs over experts first: whole experts
-    # are placed over EP ranks; splitting each expert's width under TP is not implemented.
+    # are placed over EP ranks.
     supports_expert_parallel = True
 
     def __init__(self, block_nk: tuple[int, int] | None, online: bool,
@@ -95,6 +96,17 @@ class Fp8FusedMoEMethod(FusedMoEMethod):
         self.scale_name = scale_name if block_nk is not None else "weight_scale"
         self.dequantize_at_load = dequantize_at_load
         self._dense = UnquantizedFusedMoEMethod()
+
+    def tensor_parallel_block(self) -> int | None:
+        """Block scales' rows (gate/up) and columns (down) run along the intermediate width:
+        a TP slice keeps whole blocks of both; per-tensor scales stay whole. Not for online
+        quantization (down's per-row scales would be a slice's amax, not the row's) or KN
+        checkpoints are cut on their own dimensions (``expert_part_dims``)."""
+        if self.online:
+            return None
+        if self.block_nk is None:
+            return 1
+        return math.lcm(*self.block_nk)
 
     def create_weights(self, layer: nn.Module, prefix: str, num_experts: int, hidden_size: int,
                        intermediate_size: int, params_dtype: torch.dtype, bias: bool) -> None:
@@ -113,6 +125,7 @@ class Fp8FusedMoEMethod(FusedMoEMethod):
                                  requires_grad=False)
             param.weight_loader = partial(_load_fp8_part, inter,  # type: ignore[attr-defined]
                                           name=f"{prefix}.{name}", transposed=self.transposed)
+            self._mark_part_dims(param)
             layer.register_parameter(name, param)
         if self.block_nk is None:
             shapes = {"gate_up_proj_scale": (num_experts, 2), "down_proj_scale": (num_experts,)}
@@ -124,7 +137,14 @@ class Fp8FusedMoEMethod(FusedMoEMethod):
             param = nn.Parameter(torch.full(shape, float("nan")), requires_grad=False)
             param.weight_loader = partial(_load_scale,  # type: ignore[attr-defined]
                                           name=f"{prefix}.{name}", transposed=self.transposed)
+            self._mark_part_dims(param)
             layer.register_parameter(name, param)
+
+    def _mark_part_dims(self, param: nn.Parameter) -> None:
+        """KN checkpoints store each expert's tensors (and block-scale grids) [in, out]: the
+        intermediate width is their columns for gate/up and rows for down (TP cuts there)."""
+        if self.transposed:
+            param.expert_part_dims = {"gate": 1, "up": 1, "down": 0}  # type: ignore[attr-defined]
 
     def checkpoint_layouts(self, layer: nn.Module, leaf: str) -> list[dict[str, object]] | None:
         """Scales come one per expert and projection (``{e}.gate_proj.weight_scale_inv``)."""

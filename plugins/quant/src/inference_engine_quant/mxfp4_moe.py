@@ -44,8 +44,13 @@ class Mxfp4FusedMoEMethod(FusedMoEMethod):
     """MXFP4 experts (gpt-oss, MiniMax-M3 or online-quantized ones), packed at rest."""
 
     # Blocks, scales and biases run over experts first: whole experts are placed over EP
-    # ranks; splitting each expert's width under TP is not implemented.
+    # ranks.
     supports_expert_parallel = True
+
+    def tensor_parallel_block(self) -> int | None:
+        """down's 32-value blocks run along the intermediate width (gate/up's along the
+        hidden one, by rows): a TP slice keeps them whole (online too: the same blocks)."""
+        return MX_BLOCK_SIZE
 
     # Name under which weight-memory reports list these experts.
     format_name = "mxfp4"

@@ -80,42 +80,57 @@ def _transformed(loader: Callable[..., None], name: str,
 
 def shard_expert_loader(loader: Callable[..., None], name: str, placement: ExpertPlacement,
                         tp: GroupCollectives, intermediate_size: int,
-                        gated: bool = True) -> Callable[..., None]:
+                        gated: bool = True,
+                        part_dims: dict[str, int] | None = None) -> Callable[..., None]:
     """``loader`` fed this rank's part of full checkpoint tensors: only the local experts
     (expert parallelism; a remote expert's tensor is skipped), and under tensor parallelism
     only this rank's slice of each expert's intermediate width (gate and up alike; the down
-    bias kept by TP rank 0 alone, as it is added before the all-reduce)."""
+    bias kept by TP rank 0 alone, as it is added before the all-reduce). ``part_dims``: the
+    intermediate dimension of a per-expert gate / up / down tensor (default 0, 0, 1; a
+    parameter's ``expert_part_dims`` says otherwise, e.g. checkpoints stored [in, out])."""
     inter, rank, size = intermediate_size, tp.rank, tp.size
+    dims = part_dims or {"gate": 0, "up": 0, "down": 1}
     part = inter // size
+
+    def slice_of(t: torch.Tensor, dim: int, full: int, offset: int) -> torch.Tensor:
+        """This rank's ``part`` of ``full`` intermediate entries along ``dim`` starting at
+        ``offset``; a tensor holding one entry per block of them (quantized experts' block
+        scales, packed MXFP4 blocks) is cut in whole blocks."""
+        extent = t.shape[dim]
+        unit = 1 if extent == full else (full // extent if extent and full % extent == 0 else 0)
+        if not unit or part % unit or offset % unit:
+            raise ValueError(f"{name}: a tensor of {extent} entries over {full} intermediate "
+                             f"values cannot be split into {size} slices of {part} without "
+                             f"cutting a block (tensor_parallel_size {size})")
+        return t.narrow(dim, (offset + rank * part) // unit, part // unit)
 
     def tp_rows(t: torch.Tensor, dim: int, gate_up: bool) -> torch.Tensor:
         if size == 1:
             return t
         if gate_up and gated:
-            return torch.cat((t.narrow(dim, rank * part, part),
-                              t.narrow(dim, inter + rank * part, part)), dim=dim)
-        return t.narrow(dim, rank * part, part)
+            halves = t.chunk(2, dim=dim)
+            return torch.cat([slice_of(h, dim, inter, 0) for h in halves], dim=dim)
+        return slice_of(t, dim, inter, 0)
 
     def load(param: torch.Tensor, loaded: torch.Tensor, shard_id: object = None) -> None:
-        if shard_id is not None:  # one expert's gate / up / down
+        if shard_id is not None:  # one expert's gate / up / down (weight or scale)
             expert, which = shard_id  # type: ignore[misc]
             local = placement.local_index(int(expert))
             if local is None:
                 return
-            if size > 1:
-                loaded = loaded.narrow(0 if which in ("gate", "up") else 1, rank * part, part)
+            if size > 1 and loaded.numel() > 1:  # per-tensor scales stay whole
+                loaded = slice_of(loaded, dims[which], inter, 0)
             loader(param, loaded, (local, which))
             return
         # A stacked [E, ...] tensor: this rank's experts, then its intermediate slice.
         loaded = loaded.narrow(0, placement.start, placement.num_local)
-        if name == "gate_up_proj":
+        if name == "down_proj_bias":
+            if rank > 0:
+                loaded = torch.zeros_like(loaded)
+        elif name.startswith("gate_up_proj"):  # weights, biases, blocks, scales: [E, 2I, ...]
             loaded = tp_rows(loaded, 1, True)
-        elif name == "gate_up_proj_bias":
-            loaded = tp_rows(loaded, 1, True)
-        elif name == "down_proj":
+        elif name.startswith("down_proj"):  # [E, out, I...]: I (or its blocks) on dim 2
             loaded = tp_rows(loaded, 2, False)
-        elif name == "down_proj_bias" and rank > 0:
-            loaded = torch.zeros_like(loaded)
         loader(param, loaded)
 
     return load
@@ -186,19 +201,24 @@ class FusedMoE(nn.Module):
         if self._ep.size > 1 or self._tp.size > 1:
             quantized = type(self.quant_method) is not UnquantizedFusedMoEMethod
             method_name = type(self.quant_method).__name__
-            if quantized and self._tp.size > 1:
+            block = self.quant_method.tensor_parallel_block()
+            if quantized and self._tp.size > 1 and block is None:
                 hint = ("; --enable-expert-parallel places whole experts instead"
                         if self.quant_method.supports_expert_parallel else "")
                 raise ValueError(f"{prefix}: tensor parallelism of quantized experts "
-                                 f"({method_name}: their block scales are not cut with the "
-                                 f"intermediate width) is not implemented{hint}")
+                                 f"({method_name}) is not implemented{hint}")
+            if self._tp.size > 1 and block is not None and self.local_intermediate % block:
+                raise ValueError(f"{prefix}: {method_name} experts keep blocks of {block} "
+                                 f"intermediate values whole, but tensor_parallel_size "
+                                 f"{self._tp.size} gives each rank {self.local_intermediate} "
+                                 f"of {intermediate_size}, which would cut a block")
             if not self.quant_method.supports_expert_parallel:
                 raise ValueError(f"{prefix}: expert parallelism of quantized experts "
                                  f"({method_name}) is not implemented")
             for name, param in self.named_parameters(recurse=False):
                 param.weight_loader = shard_expert_loader(  # type: ignore[attr-defined]
                     param.weight_loader, name, self.placement, self._tp, intermediate_size,
-                    activation.gated)
+                    activation.gated, getattr(param, "expert_part_dims", None))
         if checkpoint_transform is not None:
             for name, param in self.named_parameters(recurse=False):
                 param.weight_loader = _transformed(  # type: ignore[attr-defined]

@@ -33,6 +33,13 @@ class FusedMoEMethod(ABC):
     # ``(expert, part)``, so the EP loader keeps the local experts' slices (scales too).
     supports_expert_parallel: bool = False
 
+    def tensor_parallel_block(self) -> int | None:
+        """The block of each expert's intermediate width that a tensor-parallel slice must
+        keep whole (1: any cut), or None where these experts cannot be split across TP ranks.
+        Their parameters are then cut like the unquantized ones, block-scaled tensors in
+        whole blocks (``shard_expert_loader``)."""
+        return None
+
     @abstractmethod
     def create_weights(self, layer: nn.Module, prefix: str, num_experts: int, hidden_size: int,
                        intermediate_size: int, params_dtype: torch.dtype, bias: bool) -> None:
@@ -73,6 +80,9 @@ class UnquantizedFusedMoEMethod(FusedMoEMethod):
     """
 
     supports_expert_parallel = True
+
+    def tensor_parallel_block(self) -> int | None:
+        return 1
 
     def create_weights(self, layer: nn.Module, prefix: str, num_experts: int, hidden_size: int,
                        intermediate_size: int, params_dtype: torch.dtype, bias: bool) -> None:
