@@ -162,6 +162,9 @@ def test_planner_bounds_the_window(engines):
     # 1 token from the prompt step, one window of K, then 1 token: a single step.
     assert len(out.token_ids) == K + 2
     assert (planner.num_windows - before[0], planner.num_window_tokens - before[1]) == (1, K)
+    stats = multi.engine.stats()
+    assert (stats["num_greedy_windows"], stats["num_greedy_window_tokens"]) == (
+        planner.num_windows, planner.num_window_tokens)
 
 
 def test_bad_num_scheduler_steps_is_refused():

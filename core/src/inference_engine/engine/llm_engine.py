@@ -1032,6 +1032,10 @@ class LLMEngine:
             "num_forked_samples": self.num_forked_samples,
             "num_samples_awaiting_fork": self.forks.num_waiting,
             "generated_tokens": self.num_generated_tokens,
+            # Multi-step greedy windows run (multi_step.py) and the tokens they produced.
+            "num_greedy_windows": self.multi_step.num_windows if self.multi_step else 0,
+            "num_greedy_window_tokens": (self.multi_step.num_window_tokens
+                                         if self.multi_step else 0),
             **(self.spec.metrics.as_stats() if self.spec is not None else {}),
             "time": time.time(),
         }
