@@ -172,3 +172,51 @@ def test_bad_num_scheduler_steps_is_refused():
 
     with pytest.raises(ValueError, match="--num-scheduler-steps"):
         SchedulerConfig(num_scheduler_steps=0)
+
+
+def _planner_with_running(num_blocks: int, prompt_len: int = 6, max_tokens: int = 64,
+                          **params):
+    """A planner over a scheduler whose one request has run its prompt and sampled once."""
+    from inference_engine.config import SchedulerConfig
+    from inference_engine.engine.kv_cache import BlockManager
+    from inference_engine.engine.request import Request
+    from inference_engine.engine.scheduler import Scheduler
+
+    blocks = BlockManager(num_blocks, 4, enable_prefix_caching=False)
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64), blocks,
+                          256)
+    request = Request("r", list(range(1, 1 + prompt_len)),
+                      SamplingParams(temperature=0.0, max_tokens=max_tokens, **params))
+    scheduler.add(request)
+    out = scheduler.schedule()
+    scheduler.update_after_step(out)
+    request.append_token(7)
+    return MultiStepPlanner(K, scheduler, blocks), scheduler, blocks, request
+
+
+def test_planner_allocates_the_window_or_leaves_the_step_to_the_scheduler():
+    planner, _, blocks, request = _planner_with_running(num_blocks=8)
+    plan = planner.plan()
+    assert plan is not None and plan.request is request and plan.num_steps == K
+    # Slots for positions 6..9 (the last known token and K - 1 picks): 10 tokens, 3 blocks.
+    assert len(blocks.req_blocks["r"]) == 3
+    # A pool with no block for the window: no plan, nothing taken.
+    planner, _, blocks, _ = _planner_with_running(num_blocks=3, prompt_len=8)
+    held = list(blocks.req_blocks["r"])
+    assert planner.plan() is None and blocks.req_blocks["r"] == held
+
+
+def test_planner_refuses_what_a_window_cannot_serve():
+    planner, scheduler, _, _ = _planner_with_running(num_blocks=16)
+    from inference_engine.engine.request import Request
+
+    scheduler.add(Request("w", [1, 2, 3], SamplingParams(temperature=0.0)))
+    assert planner.plan() is None  # a request waits: it is admitted first
+    for params in ({"min_tokens": 5}, {"logit_bias": {3: 1.0}}, {"allowed_token_ids": [1, 2]},
+                   {"presence_penalty": 0.5}):
+        planner, _, _, _ = _planner_with_running(num_blocks=16, **params)
+        assert planner.plan() is None, params
+    planner, _, _, _ = _planner_with_running(num_blocks=16, max_tokens=2)
+    assert planner.plan() is None  # one token left: an ordinary step
+    planner, _, _, _ = _planner_with_running(num_blocks=16, max_tokens=3)
+    assert planner.plan().num_steps == 2
