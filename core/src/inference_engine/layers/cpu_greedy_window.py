@@ -12,10 +12,12 @@ tokens are the one-step path's, bit for bit (tested).
 
 Chosen once, when the cache is bound (``DecoderForCausalLM.kv_cache_bound``):
 :func:`build_greedy_window` returns None, with the reason logged at debug level, unless
-the model is exactly the shared decoder with the C++ decode step bound, a float32
-embedding table, the final RMSNorm on the CPU kernel and an LM head the step can multiply
-by (packed bf16 or a quantization method's C product). The engine decides per batch
-whether a window applies (``engine/multi_step.py``).
+the model is exactly the shared decoder with the C++ decode step bound, the final RMSNorm
+on the CPU kernel and an LM head the window can multiply by (its packed bf16 copy, or a
+head's product as a C function: ``cpu_linear_entry(input_size)``, as the GGUF q8 head
+gives). A float32 embedding table is read in place; another embedding (GGML rows) is read
+once into one, every row as the module computes it, up to ``MAX_EMBEDDING_TABLE_BYTES``.
+The engine decides per batch whether a window applies (``engine/multi_step.py``).
 """
 
 from __future__ import annotations
