@@ -217,6 +217,54 @@ def test_online_mxfp4_experts_split_across_two_tp_ranks(tmp_path, tokenizer):
     assert two == one
 
 
+def test_gpt_oss_mxfp4_experts_split_across_two_tp_ranks(tmp_path, tokenizer):
+    """A gpt-oss MXFP4 checkpoint (experts 64 wide, stored [E, in, out] with gate/up rows
+    interleaved, packed as ``*_blocks``/``*_scales`` from the spec's formula; biased experts,
+    attention sinks, sliding-window layers) under TP=2: each rank de-interleaves, keeps its
+    rows of gate/up and its 32-value block of down, its heads' sinks, and the down bias on
+    rank 0 only; one process's tokens."""
+    import json
+
+    import transformers
+    from inference_engine_quant.mx_testing import ref_mxfp4
+    from safetensors.torch import load_file, save_file
+
+    config = transformers.GptOssConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=64, head_dim=16,
+        num_local_experts=4, num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, sliding_window=5,
+        tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    torch.manual_seed(0)
+    path = tmp_path / "q"
+    randomize(transformers.GptOssForCausalLM(config), std=0.1).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    state = load_file(str(path / "model.safetensors"))
+
+    def packed(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [E, rows, K]
+        e, rows, k = w.shape
+        blocks, scales, _ = ref_mxfp4(w.reshape(e * rows, k))
+        return blocks.reshape(e, rows, k // 32, 16), scales.reshape(e, rows, k // 32)
+
+    for layer in range(2):
+        p = f"model.layers.{layer}.mlp.experts"
+        for part in ("gate_up_proj", "down_proj"):  # rows stay interleaved for gate_up
+            w = state.pop(f"{p}.{part}").transpose(1, 2).contiguous()
+            state[f"{p}.{part}_blocks"], state[f"{p}.{part}_scales"] = packed(w)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(path / "model.safetensors"),
+              metadata={"format": "pt"})
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+        "lm_head"]}
+    (path / "config.json").write_text(json.dumps(cfg))
+    one, _ = _tokens(path)
+    two, layer = _tokens(path, tensor_parallel_size=2)
+    assert tuple(layer.mlp.experts.down_proj_blocks.shape) == (4, 64, 1, 16)
+    assert tuple(layer.self_attn.sinks.shape) == (2,)
+    assert two == one
+
+
 @pytest.mark.parametrize(("kind", "message"), [
     ("mxfp4", r"mlp\.down_proj: MXFP4 blocks hold 32 input values, but tensor_parallel_size 2 "
               r"gives each rank 48 of the 96"),

@@ -11,6 +11,8 @@ and de-interleaved into our ``[E, out, in]`` gate-then-up layout on load
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from inference_engine.interfaces.model import ModelContext
 from inference_engine.layers import DecoderAttention, DecoderForCausalLM
@@ -37,7 +39,22 @@ class GptOssAttention(DecoderAttention):
     """The shared attention plus a learned sink logit per head (``self_attn.sinks``)."""
 
     def make_sinks(self, ctx: ModelContext) -> torch.Tensor:
-        return nn.Parameter(torch.empty(self.num_heads, dtype=ctx.dtype), requires_grad=False)
+        sinks = nn.Parameter(torch.empty(self.num_heads, dtype=ctx.dtype), requires_grad=False)
+        # Under tensor parallelism this rank's query heads' sinks (qkv_proj splits the heads).
+        first = self.qkv_proj.tp_rank * self.num_heads if self.qkv_proj.tp_size > 1 else 0
+        sinks.weight_loader = partial(_load_head_rows, first=first,  # type: ignore[attr-defined]
+                                      name=f"{self.qkv_proj.prefix.rpartition('.')[0]}.sinks")
+        return sinks
+
+
+def _load_head_rows(param: torch.Tensor, loaded: torch.Tensor, shard_id: object = None, *,
+                    first: int, name: str) -> None:
+    """Copy ``param``'s heads ``first ..`` of a per-head checkpoint tensor."""
+    heads = param.shape[0]
+    if loaded.dim() != 1 or loaded.shape[0] < first + heads:
+        raise ValueError(f"shape mismatch for {name}: the checkpoint tensor has shape "
+                         f"{tuple(loaded.shape)}, the model expects heads {first}:{first + heads}")
+    param.data.copy_(loaded.narrow(0, first, heads))
 
 
 class GptOssForCausalLM(DecoderForCausalLM):
