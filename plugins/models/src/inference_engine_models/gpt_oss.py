@@ -41,19 +41,20 @@ class GptOssAttention(DecoderAttention):
     def make_sinks(self, ctx: ModelContext) -> torch.Tensor:
         sinks = nn.Parameter(torch.empty(self.num_heads, dtype=ctx.dtype), requires_grad=False)
         # Under tensor parallelism this rank's query heads' sinks (qkv_proj splits the heads).
-        first = self.qkv_proj.tp_rank * self.num_heads if self.qkv_proj.tp_size > 1 else 0
-        sinks.weight_loader = partial(_load_head_rows, first=first,  # type: ignore[attr-defined]
-                                      name=f"{self.qkv_proj.prefix.rpartition('.')[0]}.sinks")
+        sinks.weight_loader = partial(  # type: ignore[attr-defined]
+            _load_head_rows, first=self.qkv_proj.tp_rank * self.num_heads,
+            total=self.qkv_proj.total_num_heads,
+            name=f"{self.qkv_proj.prefix.rpartition('.')[0]}.sinks")
         return sinks
 
 
 def _load_head_rows(param: torch.Tensor, loaded: torch.Tensor, shard_id: object = None, *,
-                    first: int, name: str) -> None:
-    """Copy ``param``'s heads ``first ..`` of a per-head checkpoint tensor."""
+                    first: int, total: int, name: str) -> None:
+    """Copy ``param``'s heads ``first ..`` of a per-head checkpoint tensor of ``total``."""
     heads = param.shape[0]
-    if loaded.dim() != 1 or loaded.shape[0] < first + heads:
+    if tuple(loaded.shape) != (total,):
         raise ValueError(f"shape mismatch for {name}: the checkpoint tensor has shape "
-                         f"{tuple(loaded.shape)}, the model expects heads {first}:{first + heads}")
+                         f"{tuple(loaded.shape)}, the model expects ({total},)")
     param.data.copy_(loaded.narrow(0, first, heads))
 
 
