@@ -107,6 +107,9 @@ def test_aborts_reach_the_owning_rank_and_a_dead_dp_rank_fails_the_step_by_name(
         kept, dropped = (engine.add_request(p, PARAMS) for p in PARITY_PROMPTS[:2])
         assert engine.request_ids() == [kept, dropped] and engine.queued == [1, 1]
         engine.step()
+        stats = engine.stats()  # both ranks' schedulers: one request each
+        assert stats["num_running"] + stats["num_waiting"] == 2
+        assert stats["data_parallel_queued"] == [1, 1]
         [aborted] = engine.abort_request(dropped)
         assert aborted.finished and aborted.outputs[0].finish_reason == "abort"
         assert engine.queued == [1, 0]
@@ -164,6 +167,8 @@ def test_server_with_dp2_answers_as_one_process_and_turns_unhealthy_when_a_rank_
                 "temperature": 0.0, "ignore_eos": True})
             assert status == 200, body
             assert body["choices"][0]["text"] == text
+        with urllib.request.urlopen(server.url + "/metrics", timeout=30) as r:
+            assert r.status == 200 and b"num_requests_running" in r.read()
         ranks = _spawned_children(server.proc.pid)
         assert len(ranks) == 1
         os.kill(ranks[0], signal.SIGKILL)

@@ -489,8 +489,22 @@ class DataParallelFrontEnd:
         return total
 
     def stats(self) -> dict[str, Any]:
-        """DP rank 0's engine stats, with the front end's per-rank queue and routing counts."""
-        stats = dict(self.local.stats())
+        """Every DP engine's stats combined (counts summed, KV usage and prefix-cache hit rate
+        over all ranks' blocks / lookups, expert load summed), with the front end's per-rank
+        queue and routing counts."""
+        per_rank = [self.local.stats()] + [remote.call("stats") for remote in self.remotes]
+        stats = dict(per_rank[0])
+        for key, value in stats.items():
+            if key.startswith("num_") or key.endswith("_tokens") or key == "num_preemptions":
+                if isinstance(value, int | float):
+                    stats[key] = sum(s.get(key, 0) for s in per_rank)
+        stats["kv_cache_usage"] = sum(s["kv_cache_usage"] for s in per_rank) / len(per_rank)
+        queried = stats.get("prefix_cache_queried_tokens", 0)
+        stats["prefix_cache_hit_rate"] = (stats.get("prefix_cache_hit_tokens", 0) / queried
+                                          if queried else 0.0)
+        load = self.expert_load()
+        if load:
+            stats["expert_load"] = load
         stats["data_parallel_queued"] = list(self.queued)
         stats["data_parallel_requests_routed"] = list(self.requests_routed)
         return stats
