@@ -77,18 +77,17 @@ def greedy_window_blocker(lm: torch.nn.Module) -> str | None:
 
 
 def _structure_blocker(lm: torch.nn.Module) -> str | None:
-    from inference_engine.layers.decoder import DecoderForCausalLM, DecoderModel
     from inference_engine.layers.embedding import VocabEmbedding
 
+    overrides = getattr(lm, "override_blocker", None)
+    if overrides is None:
+        return f"{type(lm).__name__} is not the shared decoder"
     model = lm.model
     if model.decode_step is None:
         return "the layers have no C++ decode step"
-    cls = type(lm)
-    for name in ("forward", "embed", "compute_logits"):
-        if getattr(cls, name) is not getattr(DecoderForCausalLM, name):
-            return f"{cls.__name__} overrides {name}"
-    if type(model).forward is not DecoderModel.forward:
-        return f"{type(model).__name__} overrides forward"
+    reason = overrides()
+    if reason is not None:
+        return reason
     embed = model.embed_tokens
     vocab = lm.ctx.hf_config.vocab_size
     if type(embed) is VocabEmbedding:

@@ -411,6 +411,17 @@ class DecoderForCausalLM(CausalLM):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
 
+    def override_blocker(self) -> str | None:
+        """Which of the shared decoder's forward pieces this model replaces (a greedy window
+        runs the shared ones in C++, so it cannot run a model that replaces any), or None."""
+        cls = type(self)
+        for name in ("forward", "embed", "compute_logits"):
+            if getattr(cls, name) is not getattr(DecoderForCausalLM, name):
+                return f"{cls.__name__} overrides {name}"
+        if type(self.model).forward is not DecoderModel.forward:
+            return f"{type(self.model).__name__} overrides forward"
+        return None
+
     def kv_cache_bound(self) -> None:
         self.model.kv_cache_bound()
         from inference_engine.layers.cpu_greedy_window import build_greedy_window
