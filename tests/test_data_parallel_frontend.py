@@ -24,7 +24,13 @@ import pytest
 import torch
 from inference_engine import SamplingParams
 from inference_engine.distributed.executor import RankFailedError
-from inference_engine.testing import TEST_PLATFORM, ServerProcess, cpu_llm, train_tiny_tokenizer
+from inference_engine.testing import (
+    TEST_PLATFORM,
+    ServerProcess,
+    cpu_llm,
+    spawned_children,
+    train_tiny_tokenizer,
+)
 from inference_engine.testing_parity import (
     MOE_CONFIGS,
     PARITY_PROMPTS,
@@ -135,17 +141,6 @@ def _post(url: str, body: dict) -> tuple[int, dict]:
         return exc.code, json.loads(exc.read() or b"{}")
 
 
-def _spawned_children(pid: int) -> list[int]:
-    """The server's spawned DP ranks (not multiprocessing's resource tracker)."""
-    found = []
-    for children in Path(f"/proc/{pid}/task").glob("*/children"):
-        for child in children.read_text().split():
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
-            if b"spawn_main" in cmdline:
-                found.append(int(child))
-    return found
-
-
 def _health(url: str) -> int:
     try:
         with urllib.request.urlopen(url + "/health", timeout=30) as r:
@@ -169,7 +164,7 @@ def test_server_with_dp2_answers_as_one_process_and_turns_unhealthy_when_a_rank_
             assert body["choices"][0]["text"] == text
         with urllib.request.urlopen(server.url + "/metrics", timeout=30) as r:
             assert r.status == 200 and b"num_requests_running" in r.read()
-        ranks = _spawned_children(server.proc.pid)
+        ranks = spawned_children(server.proc.pid)
         assert len(ranks) == 1
         os.kill(ranks[0], signal.SIGKILL)
         for prompt in PARITY_PROMPTS[:2]:  # one of them goes to the dead rank

@@ -30,6 +30,7 @@ from inference_engine.testing import (
     TEST_PLATFORM,
     ServerProcess,
     cpu_llm,
+    spawned_children,
     train_tiny_tokenizer,
 )
 from inference_engine.testing_parity import (
@@ -161,17 +162,6 @@ def _get(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
-def _spawned_children(pid: int) -> list[int]:
-    """The server's spawned ranks (not multiprocessing's resource tracker)."""
-    found = []
-    for children in Path(f"/proc/{pid}/task").glob("*/children"):
-        for child in children.read_text().split():
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
-            if b"spawn_main" in cmdline:
-                found.append(int(child))
-    return found
-
-
 def test_server_serves_tp2_expert_parallel_and_turns_unhealthy_when_a_rank_dies(models,
                                                                               reference):
     server = ServerProcess(models["moe"], "-tp", "2", "--enable-expert-parallel",
@@ -186,7 +176,7 @@ def test_server_serves_tp2_expert_parallel_and_turns_unhealthy_when_a_rank_dies(
             assert body["choices"][0]["text"] == text
         status, metrics = _get(server.url + "/metrics")
         assert status == 200 and 'inference_engine:moe_expert_load_total{' in metrics
-        workers = _spawned_children(server.proc.pid)
+        workers = spawned_children(server.proc.pid)
         assert len(workers) == 1
         os.kill(workers[0], signal.SIGKILL)
         start = time.monotonic()

@@ -35,6 +35,7 @@ __all__ = [
     "make_scripted_model",
     "make_tiny_model",
     "run_cli",
+    "spawned_children",
     "train_tiny_tokenizer",
 ]
 
@@ -241,6 +242,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def spawned_children(pid: int) -> list[int]:
+    """Process ids of ``pid``'s children started by multiprocessing's spawn (a server's worker
+    or DP-rank processes; not its resource tracker). Linux ``/proc`` only."""
+    found = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        for child in children.read_text().split():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+            if b"spawn_main" in cmdline:
+                found.append(int(child))
+    return found
 
 
 class ServerProcess:

@@ -220,17 +220,23 @@ def assert_engine_matches(saved: Any, prompts: list[str], outs: Any) -> None:
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
 
 
-def test_engine_greedy_parity_tiny_budget_and_forced_preemption(saved):
-    path, hf, tokenizer, _ = saved
-    assert len(tokenizer.encode(LONG_PROMPT)) > 8 * hf.config.chunk_size
+def tight_pool_llm(path: str, hf) -> object:
+    """An engine with 4-token blocks, an 8-token step budget, 4 state slots and 47 KV blocks
+    (46 usable): too small for the long prompt beside anything else, so it preempts."""
     probe = build_twin(NemotronHForCausalLM, hf.config, None).model
     block_bytes = KVCachePool.bytes_per_block_for(
         [layer.kv_cache_spec() for layer in attention_layers(probe)], 4)
     slot_bytes = StateCachePool.bytes_per_slot_for(
         [layer.state_cache_spec() for layer in state_layers(probe)])
+    return cpu_llm(path, dtype="float32", block_size=4, max_num_batched_tokens=8,
+                   max_num_seqs=4, kv_cache_memory=4 * slot_bytes + 47 * block_bytes)
+
+
+def test_engine_greedy_parity_tiny_budget_and_forced_preemption(saved):
+    path, hf, tokenizer, _ = saved
+    assert len(tokenizer.encode(LONG_PROMPT)) > 8 * hf.config.chunk_size
     # 4 state slots and 46 usable blocks: the long prompt alone needs 44 of them.
-    llm = cpu_llm(path, dtype="float32", block_size=4, max_num_batched_tokens=8, max_num_seqs=4,
-                  kv_cache_memory=4 * slot_bytes + 47 * block_bytes)
+    llm = tight_pool_llm(path, hf)
     assert "state cache: 4 sequence slots" in llm.engine.capacity_message
     assert llm.engine.blocks.num_blocks == 47
     prompts = [LONG_PROMPT, *PARITY_PROMPTS]
@@ -337,13 +343,7 @@ def test_engine_n3_greedy_with_forced_preemption(saved):
     preempted and recompute their prompt and outputs alone; every sample still equals
     transformers' greedy continuation."""
     path, hf, _, _ = saved
-    probe = build_twin(NemotronHForCausalLM, hf.config, None).model
-    block_bytes = KVCachePool.bytes_per_block_for(
-        [layer.kv_cache_spec() for layer in attention_layers(probe)], 4)
-    slot_bytes = StateCachePool.bytes_per_slot_for(
-        [layer.state_cache_spec() for layer in state_layers(probe)])
-    llm = cpu_llm(path, dtype="float32", block_size=4, max_num_batched_tokens=8, max_num_seqs=4,
-                  kv_cache_memory=4 * slot_bytes + 47 * block_bytes)
+    llm = tight_pool_llm(path, hf)
     scheduler = llm.engine.scheduler
     preempt, victims = scheduler._preempt, []
     scheduler._preempt = lambda request: (victims.append(request.request_id), preempt(request))
