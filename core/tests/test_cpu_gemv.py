@@ -21,9 +21,10 @@ from inference_engine.layers.cpu_gemv import (
 from inference_engine.testing import cpu_llm, make_tiny_model, train_tiny_tokenizer
 from inference_engine.testing_parity import assert_greedy_matches
 
-HAS_AVX512 = "AVX512" in torch.backends.cpu.get_cpu_capability()
+HAS_SIMD = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 
-needs_kernel = pytest.mark.skipif(not HAS_AVX512, reason="the bf16 GEMV kernel is AVX-512 only")
+needs_kernel = pytest.mark.skipif(not HAS_SIMD,
+                                  reason="the bf16 GEMV kernel is AVX-512 or AVX2 only")
 
 
 def _error_bound(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -36,7 +37,7 @@ def _error_bound(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) ->
 
 
 @needs_kernel
-def test_kernel_builds_on_avx512():
+def test_kernel_builds_on_avx2_and_avx512():
     assert gemv_kernel() is not None, "the bf16 GEMV kernel failed to build (see the log)"
 
 
@@ -212,7 +213,7 @@ def test_kernel_on_either_thread_pool(runner):
 
 
 needs_dpbf16 = pytest.mark.skipif(
-    not HAS_AVX512 or gemv_kernel() is None or not gemv_kernel().has_dpbf16(),
+    not HAS_SIMD or gemv_kernel() is None or not gemv_kernel().has_dpbf16(),
     reason="the bf16 dot-product GEMM needs AVX512-BF16")
 
 

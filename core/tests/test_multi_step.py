@@ -14,10 +14,10 @@ from inference_engine.sampling_params import RequestOutputKind
 from inference_engine.testing import cpu_llm, make_tiny_model
 from inference_engine.testing_parity import assert_greedy_matches
 
-HAS_AVX512 = "AVX512" in torch.backends.cpu.get_cpu_capability()
+HAS_SIMD = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 
-pytestmark = pytest.mark.skipif(not HAS_AVX512 or gemv_kernel() is None,
-                                reason="the packed bf16 GEMV kernel needs AVX-512 and a build")
+pytestmark = pytest.mark.skipif(not HAS_SIMD or gemv_kernel() is None,
+                                reason="the packed bf16 GEMV kernel needs AVX-512 or AVX2 and a build")
 
 K = 4
 PROMPTS = [list(range(5, 5 + n)) for n in (7, 19)]

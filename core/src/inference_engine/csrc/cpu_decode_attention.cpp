@@ -9,10 +9,6 @@
 #include <map>
 #include <string>
 #include <vector>
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
-
 #include "ie_parallel_tasks.h"
 #include "ie_simd_helpers.h"
 
@@ -33,7 +29,7 @@ struct Rows {
   }
   // Prefetch block index b's rows (all heads) of this cache into L2.
   inline void prefetch_block(int64_t b, int64_t num_blocks) const {
-#ifdef __AVX512F__
+#ifdef IE_SIMD16
     if (b >= num_blocks) return;
     const char* p = reinterpret_cast<const char*>(base + table[b] * block_stride);
     const int64_t bytes = bs * token_stride * (int64_t)sizeof(T);
@@ -47,7 +43,7 @@ template <typename T, int NV>
 void attend(const float* qs, const Rows<T>& K, const Rows<T>& V, int64_t kh, int64_t vh,
             int64_t h0, int64_t h1, int64_t g, int64_t d, int64_t first, int64_t len, float sc,
             float* out) {
-#ifdef __AVX512F__
+#ifdef IE_SIMD16
   if constexpr (NV > 0) {
     // One pass over the sequence's cache blocks: a block's keys, then its values (the
     // two lie next to each other in the pool), with an online softmax per query row.
@@ -88,21 +84,20 @@ void attend(const float* qs, const Rows<T>& K, const Rows<T>& V, int64_t kh, int
             }
           }
           const T* krow = kblock + tt * K.token_stride + h * kh;
-          __m512 kv[NV];
+          vf16 kv[NV];
           for (int i = 0; i < NV; ++i) kv[i] = load16(krow + 16 * i);
           for (int64_t j = 0; j < g; ++j) {
             const int64_t r = (h - h0) * g + j;
             const float* qj = qh + r * d;
-            __m512 acc_s = _mm512_mul_ps(_mm512_loadu_ps(qj), kv[0]);
-            for (int i = 1; i < NV; ++i)
-              acc_s = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 16 * i), kv[i], acc_s);
-            probs[r * 16 + tt] = _mm512_reduce_add_ps(acc_s) * sc;
+            vf16 acc_s = vmul(vload(qj), kv[0]);
+            for (int i = 1; i < NV; ++i) acc_s = vfmadd(vload(qj + 16 * i), kv[i], acc_s);
+            probs[r * 16 + tt] = vreduce_add(acc_s) * sc;
           }
         }
       }
-      const __mmask16 mask = (__mmask16)((1u << nt) - 1);
+      const mask16 mask = mask_bits((1u << nt) - 1);
       for (int64_t r = 0; r < nrows; ++r)
-        online_softmax_step<NV>(_mm512_maskz_loadu_ps(mask, probs.data() + r * 16), mask, m[r],
+        online_softmax_step<NV>(vload_masked(mask, probs.data() + r * 16), mask, m[r],
                                 l[r], probs.data() + r * 16, acc.data() + r * d);
       for (int64_t h = h0; h < h1; ++h)
         for (int64_t j0 = 0; j0 < g; j0 += 4) {
@@ -113,11 +108,10 @@ void attend(const float* qs, const Rows<T>& K, const Rows<T>& V, int64_t kh, int
         }
     }
     for (int64_t r = 0; r < nrows; ++r) {
-      const __m512 inv = _mm512_set1_ps(1.f / l[r]);
+      const vf16 inv = vset1(1.f / l[r]);
       float* o = out + (h0 * g + r) * d;
       const float* ar = acc.data() + r * d;
-      for (int i = 0; i < NV; ++i)
-        _mm512_storeu_ps(o + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(ar + 16 * i), inv));
+      for (int i = 0; i < NV; ++i) vstore(o + 16 * i, vmul(vload(ar + 16 * i), inv));
     }
     return;
   }

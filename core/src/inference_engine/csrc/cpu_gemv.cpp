@@ -6,14 +6,25 @@
 #include <algorithm>
 #include <map>
 #include <string>
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
 #include "ie_parallel_tasks.h"
 
+// The kernels exist for AVX-512F (16-float vectors) and for AVX2 with FMA (8-float
+// vectors, fewer registers: smaller tiles); elsewhere available() is false.
+#if defined(__AVX512F__)
+#define IE_GEMV_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#define IE_GEMV_AVX2 1
+#endif
+#if defined(IE_GEMV_AVX512) || defined(IE_GEMV_AVX2)
+#define IE_GEMV_SIMD 1
+#endif
+
 bool available() {
-#ifdef __AVX512F__
+#ifdef IE_GEMV_SIMD
   return true;
 #else
   return false;
@@ -81,17 +92,80 @@ void rest(const float* x, const at::BFloat16* w, float* y, int64_t M, int64_t K,
     }
 }
 }  // namespace
+#elif defined(IE_GEMV_AVX2)
+namespace {
+constexpr int NR = 4;        // weight rows per micro-tile
+constexpr int PREFETCH = 8;  // rows ahead to prefetch
+
+inline __m256 widen8(const at::BFloat16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+inline float hsum8(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+inline float scalar(const at::BFloat16* p) { return static_cast<float>(*p); }
+
+// y[m, n..n+NR) for m < MR (1 or 2: sixteen 8-float registers hold MR * NR * 2 sums
+// and the widened weights): x rows are K floats apart, y rows N apart, w rows K apart.
+template <int MR>
+void tile(const float* x, const at::BFloat16* w, float* y, int64_t K, int64_t N) {
+  __m256 acc[MR][NR], acc2[MR][NR];
+  for (int m = 0; m < MR; ++m)
+    for (int r = 0; r < NR; ++r) acc[m][r] = acc2[m][r] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const at::BFloat16* row = w + r * K + k;
+      const __m256 w0 = widen8(row), w1 = widen8(row + 8);
+      if ((k & 31) == 0) _mm_prefetch(reinterpret_cast<const char*>(row + PREFETCH * K), _MM_HINT_T0);
+#pragma GCC unroll 2
+      for (int m = 0; m < MR; ++m) {
+        acc[m][r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * K + k), w0, acc[m][r]);
+        acc2[m][r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * K + k + 8), w1, acc2[m][r]);
+      }
+    }
+  }
+  for (; k + 8 <= K; k += 8)
+    for (int r = 0; r < NR; ++r) {
+      const __m256 w0 = widen8(w + r * K + k);
+      for (int m = 0; m < MR; ++m)
+        acc[m][r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * K + k), w0, acc[m][r]);
+    }
+  for (int m = 0; m < MR; ++m)
+    for (int r = 0; r < NR; ++r) {
+      float s = hsum8(_mm256_add_ps(acc[m][r], acc2[m][r]));
+      for (int64_t kk = k; kk < K; ++kk) s += x[m * K + kk] * scalar(w + r * K + kk);
+      y[m * N + r] = s;
+    }
+}
+
+void rest(const float* x, const at::BFloat16* w, float* y, int64_t M, int64_t K, int64_t N,
+          int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t m = 0; m < M; ++m) {
+      float s = 0.f;
+      for (int64_t kk = 0; kk < K; ++kk) s += x[m * K + kk] * scalar(w + n * K + kk);
+      y[m * N + n] = s;
+    }
+}
+}  // namespace
 #endif
 
 // x [M, K] float32 contiguous, w [N, K] bfloat16 contiguous -> y [M, N] float32 (+ bias [N]).
 torch::Tensor gemv(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
-  TORCH_CHECK(available(), "the bf16 GEMV kernel needs AVX-512");
+  TORCH_CHECK(available(), "the bf16 GEMV kernel needs AVX-512 or AVX2 with FMA");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous());
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kBFloat16 && w.is_contiguous());
   TORCH_CHECK(x.size(1) == w.size(1), "x and w disagree on K");
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   auto y = torch::empty({M, N}, x.options());
-#ifdef __AVX512F__
+#ifdef IE_GEMV_SIMD
   const float* xp = x.data_ptr<float>();
   const at::BFloat16* wp = w.data_ptr<at::BFloat16>();
   float* yp = y.data_ptr<float>();
@@ -105,7 +179,9 @@ torch::Tensor gemv(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor
     for (int64_t b = task * per_task; b < b1; ++b) {
       const int64_t n = b * NR;
       int64_t m = 0;
+#ifdef IE_GEMV_AVX512
       for (; m + 4 <= M; m += 4) tile<4>(xp + m * K, wp + n * K, yp + m * N + n, K, N);
+#endif
       for (; m + 2 <= M; m += 2) tile<2>(xp + m * K, wp + n * K, yp + m * N + n, K, N);
       for (; m < M; ++m) tile<1>(xp + m * K, wp + n * K, yp + m * N + n, K, N);
     }
@@ -137,8 +213,9 @@ torch::Tensor pack_bf16(torch::Tensor w) {
   return out;
 }
 
-#ifdef __AVX512F__
+#ifdef IE_GEMV_SIMD
 namespace {
+#ifdef IE_GEMV_AVX512
 // y[0..MR) x [16 * NR columns] over all of K, float32 activations (rows ldx apart) and
 // widened bf16 weights: w[2p] is the pair's low half shifted up, w[2p+1] its high half.
 template <int MR, int NR>
@@ -165,6 +242,44 @@ void fma_micro(const float* x, int64_t ldx, int64_t K, const at::BFloat16* w, in
   for (int m = 0; m < MR; ++m)
     for (int n = 0; n < NR; ++n) _mm512_storeu_ps(y + m * N + 16 * n, acc[m][n]);
 }
+#else
+// The AVX2 form: a group's 16 columns are two 8-float halves, so a pair of k is two
+// 32-byte loads giving four widened vectors (even/odd k of columns 0-7 and 8-15).
+// MR * NR * 2 sums must fit in sixteen registers beside the weights: callers keep
+// MR * NR <= 4.
+template <int MR, int NR>
+void fma_micro(const float* x, int64_t ldx, int64_t K, const at::BFloat16* w, int64_t gs,
+               float* y, int64_t N) {
+  __m256 lo[MR][NR], hi8[MR][NR];
+  for (int m = 0; m < MR; ++m)
+    for (int n = 0; n < NR; ++n) lo[m][n] = hi8[m][n] = _mm256_setzero_ps();
+  const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+  for (int64_t p = 0; p < K / 2; ++p) {
+#pragma GCC unroll 4
+    for (int n = 0; n < NR; ++n) {
+      const at::BFloat16* wp = w + n * gs + p * 32;
+      const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
+      const __m256i r1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 16));
+      const __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(r0, 16));
+      const __m256 o0 = _mm256_castsi256_ps(_mm256_and_si256(r0, hi));
+      const __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(r1, 16));
+      const __m256 o1 = _mm256_castsi256_ps(_mm256_and_si256(r1, hi));
+#pragma GCC unroll 4
+      for (int m = 0; m < MR; ++m) {
+        const __m256 x0 = _mm256_broadcast_ss(x + m * ldx + 2 * p);
+        const __m256 x1 = _mm256_broadcast_ss(x + m * ldx + 2 * p + 1);
+        lo[m][n] = _mm256_fmadd_ps(x1, o0, _mm256_fmadd_ps(x0, e0, lo[m][n]));
+        hi8[m][n] = _mm256_fmadd_ps(x1, o1, _mm256_fmadd_ps(x0, e1, hi8[m][n]));
+      }
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int n = 0; n < NR; ++n) {
+      _mm256_storeu_ps(y + m * N + 16 * n, lo[m][n]);
+      _mm256_storeu_ps(y + m * N + 16 * n + 8, hi8[m][n]);
+    }
+}
+#endif
 
 #ifdef __AVX512BF16__
 // The same with bf16 activations (rows K apart): one vdpbf16ps per pair.
@@ -247,7 +362,7 @@ extern "C" void ie_gemv_packed_raw(const float* xp, int64_t ldx, int64_t M, int6
                                    const at::BFloat16* wp, int64_t groups, const float* bias,
                                    float* yp) {
   const int64_t N = groups * 16;
-#ifdef __AVX512F__
+#if defined(IE_GEMV_AVX512)
   const int64_t gs = K * 16;
   packed_tasks(M, groups, 8, [&](int64_t m0, int64_t m1, int64_t g0, int64_t gn) {
     const at::BFloat16* wg = wp + g0 * gs;
@@ -258,6 +373,22 @@ extern "C" void ie_gemv_packed_raw(const float* xp, int64_t ldx, int64_t M, int6
             xp + (m0 + m) * ldx, ldx, K, wg, gs, yo + (m0 + m) * N, N);
       });
     });
+  });
+#elif defined(IE_GEMV_AVX2)
+  const int64_t gs = K * 16;
+  packed_tasks(M, groups, 8, [&](int64_t m0, int64_t m1, int64_t g0, int64_t gn) {
+    const at::BFloat16* wg = wp + g0 * gs;
+    if (m1 - m0 == 1) {  // one row: the task's (up to) four groups side by side
+      with_groups(gn, [&](auto nr) {
+        fma_micro<1, decltype(nr)::value>(xp + m0 * ldx, ldx, K, wg, gs, yp + m0 * N + g0 * 16, N);
+      });
+      return;
+    }
+    for (int64_t g = 0; g < gn; ++g)  // more rows: up to four rows of one group at a time
+      row_tiles<4, 1>(m1 - m0, [&](auto mr, int64_t m) {
+        fma_micro<decltype(mr)::value, 1>(xp + (m0 + m) * ldx, ldx, K, wg + g * gs, gs,
+                                          yp + (m0 + m) * N + (g0 + g) * 16, N);
+      });
   });
 #endif
   if (bias != nullptr) {
@@ -272,7 +403,7 @@ extern "C" void ie_gemv_packed_raw(const float* xp, int64_t ldx, int64_t M, int6
 // x [M, K] float32 (rows contiguous), packed w (pack_bf16) -> y [M, N] float32 (+ bias),
 // float32 multiply-adds of the exact widened weights: the decode-sized GEMV.
 torch::Tensor gemv_packed(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
-  TORCH_CHECK(available(), "the bf16 GEMV kernel needs AVX-512");
+  TORCH_CHECK(available(), "the bf16 GEMV kernel needs AVX-512 or AVX2 with FMA");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.stride(1) == 1);
   TORCH_CHECK(w.dim() == 4 && w.scalar_type() == torch::kBFloat16 && w.is_contiguous());
   const int64_t M = x.size(0), K = x.size(1), groups = w.size(0), N = groups * 16;

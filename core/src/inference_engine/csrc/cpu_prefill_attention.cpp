@@ -6,10 +6,6 @@
 #include <cstring>
 #include <limits>
 #include <vector>
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
-
 #include "ie_parallel_tasks.h"
 #include "ie_simd_helpers.h"
 
@@ -17,9 +13,9 @@ namespace {
 
 using namespace ie_simd;
 
-#ifdef __AVX512F__
+#ifdef IE_SIMD16
 constexpr int64_t QUERY_SLICE = 32;  // query tokens per task
-constexpr int RB = 8;                // score rows per register block
+constexpr int RB = VECTOR_REGISTERS == 32 ? 8 : 4;  // score rows per register block
 
 struct Task {
   int64_t seq, head, first_query;
@@ -68,12 +64,12 @@ void prefill_task(const float* q, float* out, const T* kc, const T* vc, const in
       const int64_t rn = std::min<int64_t>(RB, rows - r0);
       // Skip a register block whose rows all end before this key block.
       if (base + q0 + (r0 + rn - 1) / g < t0) continue;
-      __m512 s[RB];
-      for (int rr = 0; rr < RB; ++rr) s[rr] = _mm512_setzero_ps();
+      vf16 s[RB];
+      for (int rr = 0; rr < RB; ++rr) s[rr] = vzero();
       for (int64_t e = 0; e < d; ++e) {
-        const __m512 ke = _mm512_load_ps(kt_tile + e * 16);
+        const vf16 ke = vload(kt_tile + e * 16);
         for (int rr = 0; rr < RB; ++rr)
-          if (rr < rn) s[rr] = _mm512_fmadd_ps(_mm512_set1_ps(qs[(r0 + rr) * d + e]), ke, s[rr]);
+          if (rr < rn) s[rr] = vfmadd(vset1(qs[(r0 + rr) * d + e]), ke, s[rr]);
       }
       for (int rr = 0; rr < rn; ++rr) {
         const int64_t r = r0 + rr;
@@ -86,7 +82,7 @@ void prefill_task(const float* q, float* out, const T* kc, const T* vc, const in
           std::fill(pr, pr + 16, 0.f);
           continue;
         }
-        const __mmask16 mask = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+        const mask16 mask = mask_bits(((1u << hi) - 1) & ~((1u << lo) - 1));
         online_softmax_step<NV>(s[rr], mask, m[r], l[r], pr, acc.data() + r * d);
       }
       // acc[r] += sum_tt p[r][tt] * V[t0 + tt], four rows at a time in registers.
@@ -144,7 +140,7 @@ void prefill_all(const torch::Tensor& q, torch::Tensor& out, const torch::Tensor
 }  // namespace
 
 bool available() {
-#ifdef __AVX512F__
+#ifdef IE_SIMD16
   return true;
 #else
   return false;
@@ -158,7 +154,7 @@ bool available() {
 torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                             torch::Tensor tables, std::vector<int64_t> starts,
                             std::vector<int64_t> lens, double scale, int64_t window) {
-  TORCH_CHECK(available(), "the CPU prefill kernel needs AVX-512");
+  TORCH_CHECK(available(), "the CPU prefill kernel needs AVX-512 or AVX2 with FMA");
   TORCH_CHECK(q.scalar_type() == torch::kFloat32 && q.is_contiguous() && q.dim() == 4);
   const auto ct = k_cache.scalar_type();
   TORCH_CHECK(ct == v_cache.scalar_type() && (ct == torch::kFloat32 || ct == torch::kBFloat16),
@@ -176,7 +172,7 @@ torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tenso
     TORCH_CHECK((lens[s] + bs - 1) / bs <= tables.size(1), "sequence ", s, ": table too short");
   }
   auto out = torch::empty_like(q);
-#ifdef __AVX512F__
+#ifdef IE_SIMD16
   const float sc = static_cast<float>(scale);
   const int64_t d = q.size(3);
 #define IE_PREFILL(T, NV) \

@@ -26,8 +26,9 @@ Timings against ``F.linear`` and oneDNN are in ``docs/benchmarks.md`` ("CPU
 kernel timings"). The float32 weight stays (the reference path, and the MKL
 path), so the copy costs half as much memory again as the float32 weights.
 
-AVX-512 only (other CPUs keep ``F.linear``); ``INFERENCE_ENGINE_CPU_KERNELS=0``
-turns it off. ``F.linear`` in float64 is the reference it is tested against.
+AVX-512, or AVX2 with FMA (8-float vectors, smaller register tiles: one row
+of up to four groups, or up to four rows of one group); other CPUs keep
+``F.linear``. ``INFERENCE_ENGINE_CPU_KERNELS=0`` turns it off. ``F.linear`` in float64 is the reference it is tested against.
 The C++ is ``csrc/cpu_gemv.cpp``, built on first use by
 :mod:`inference_engine.cpu_extensions`.
 """
@@ -52,7 +53,7 @@ NATIVE_BF16_GEMV_MAX_ROWS = 8
 
 
 def gemv_kernel() -> Any | None:
-    """The compiled module, or None where it cannot be built or the CPU lacks AVX-512."""
+    """The compiled module, or None where it cannot be built or the CPU lacks AVX-512 and AVX2."""
     module = load_pooled_sources(
         "inference_engine_cpu_gemv", ["cpu_gemv.cpp"], description="the CPU bf16 GEMV kernel",
     )

@@ -8,9 +8,9 @@ bounds batched decode on a CPU. It goes over the blocks in
 one pass (a block's keys, then its values, which lie next to each other in the
 pool) with an online softmax, prefetching the next blocks: the blocks of a
 sequence lie scattered, a few KB each, which the hardware prefetcher does not
-follow. With AVX-512 the scores, the softmax (a polynomial exp) and the
-weighted sums run 16 lanes wide; other CPUs and head sizes that are not
-32/64/128/256 use plain loops.
+follow. With AVX-512 or AVX2 + FMA the scores, the softmax (a polynomial exp)
+and the weighted sums run 16 lanes wide (one register, or two on AVX2); other
+CPUs and head sizes that are not 32/64/128/256 use plain loops.
 
 The cache may be float32 or bfloat16 (a bfloat16 model's cache: half the
 bytes to read, widened in registers); queries and outputs are float32.

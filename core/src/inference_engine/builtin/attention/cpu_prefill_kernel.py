@@ -12,8 +12,9 @@ nothing. Tasks are (sequence, KV head, 32-query slice), all query heads of a
 KV head together, run on the core's spinning pool.
 
 Replaces torch's float32 flash SDPA plus a context gather for continued
-chunks (timings in ``docs/benchmarks.md``, "CPU kernel timings"). AVX-512,
-float32 queries, float32 or bfloat16 caches, head sizes of 32/48/64/96/128/256, no
+chunks (timings in ``docs/benchmarks.md``, "CPU kernel timings"). AVX-512 or
+AVX2 with FMA (16-float vectors as one or two registers, ``csrc/ie_simd_helpers.h``;
+half the register block on AVX2), float32 queries, float32 or bfloat16 caches, head sizes of 32/48/64/96/128/256, no
 sinks; everything else keeps the torch path, which is the reference it is
 tested against. The C++ is ``csrc/cpu_prefill_attention.cpp``, built on first
 use by :mod:`inference_engine.cpu_extensions`.
@@ -35,7 +36,7 @@ _HEAD_SIZES = (32, 48, 64, 96, 128, 256)
 
 
 def prefill_kernel() -> Any | None:
-    """The compiled extension, or None where it cannot be built or the CPU lacks AVX-512."""
+    """The compiled extension, or None where it cannot be built or the CPU lacks AVX-512 and AVX2."""
     module = load_pooled_sources(
         "inference_engine_cpu_prefill", ["cpu_prefill_attention.cpp"],
         description="the CPU paged-prefill attention kernel",
