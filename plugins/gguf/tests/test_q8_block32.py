@@ -130,7 +130,7 @@ def test_parts_of_one_rounding_share_a_call_and_mixed_ones_are_refused():
                                      torch.empty(3, 20))
 
 
-@pytest.mark.skipif(not q8k_kernels.packing_available(), reason="needs AVX512-BW + VNNI")
+@pytest.mark.skipif(not q8k_kernels.packing_available(), reason="needs AVX2 or AVX512-BW + VNNI")
 def test_packed_q8_0_beside_raw_q5_0_in_one_call():
     """Both take Q8_0 activations: one quantization, each part its own kernel."""
     x = activations(4, 512, seed=8)

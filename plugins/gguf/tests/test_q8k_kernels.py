@@ -31,11 +31,14 @@ K_QUANTS = sorted(q8k_kernels.Q8K_TYPES)
 
 
 
-def test_kernel_builds_and_tiles_exist_where_the_cpu_has_vnni():
+CPU_FLAGS = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+HAS_AVX2 = all(f" {flag}" in CPU_FLAGS for flag in ("avx2", "fma", "f16c"))
+
+
+def test_kernel_builds_and_tiles_exist_where_the_cpu_has_avx2_or_vnni():
     """The tests below skip without the kernel: a failed build must fail here instead."""
     assert q8k_kernels.kernel() is not None, "the Q8_K kernel failed to build (see the log)"
-    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-    if " avx512bw" in flags and " avx512_vnni" in flags:
+    if HAS_AVX2 or (" avx512bw" in CPU_FLAGS and " avx512_vnni" in CPU_FLAGS):
         assert q8k_kernels.packing_available()
 
 
@@ -161,7 +164,7 @@ def test_tiles_are_a_permutation_of_the_raw_rows(qtype):
         q8k_kernels.pack_tiles(raw[:40], qtype)
 
 
-@pytest.mark.skipif(not q8k_kernels.packing_available(), reason="needs AVX512-BW + VNNI")
+@pytest.mark.skipif(not q8k_kernels.packing_available(), reason="needs AVX2 or AVX512-BW + VNNI")
 @pytest.mark.parametrize("qtype", sorted(q8k_kernels.PACKED_TYPES & q8k_kernels.Q8K_TYPES),
                          ids=lambda t: t.name)
 @pytest.mark.parametrize("m", [1, 3, 4, 9, 16, 21])
@@ -182,15 +185,50 @@ def test_packed_tiles_match_reference(qtype, m):
 
 @pytest.fixture(scope="module")
 def portable_kernel():
-    """The same source built without AVX-512: the loops machines without it run."""
+    """The same source built without AVX2 and AVX-512: the loops machines without them run."""
     from inference_engine_gguf.cpu_kernels import load_ggml_extension
 
     ext = load_ggml_extension(
         "inference_engine_gguf_q8k_portable_test", q8k_kernels._SOURCES,
-        description="the Q8_K kernel without AVX-512 (test)", extra_cflags=("-mno-avx512f",))
+        description="the Q8_K kernel without AVX2 / AVX-512 (test)",
+        extra_cflags=("-mno-avx512f", "-mno-avx2"))
     if ext is None:
-        pytest.skip("the kernel could not be built without AVX-512 here")
+        pytest.skip("the kernel could not be built without AVX2 here")
     return ext
+
+
+@pytest.fixture(scope="module")
+def avx2_kernel():
+    """The same source built for AVX2 only (on an AVX-512 CPU too): the AVX2 tile kernels."""
+    from inference_engine_gguf.cpu_kernels import load_ggml_extension
+
+    if not HAS_AVX2:
+        pytest.skip("the CPU has no AVX2 + FMA + F16C")
+    ext = load_ggml_extension(
+        "inference_engine_gguf_q8k_avx2_test", q8k_kernels._SOURCES,
+        description="the Q8_K kernel for AVX2 (test)", extra_cflags=("-mno-avx512f",))
+    if ext is None:
+        pytest.skip("the kernel could not be built for AVX2 here")
+    return ext
+
+
+@requires_kernel
+@pytest.mark.parametrize("qtype", sorted(q8k_kernels.PACKED_TYPES), ids=lambda t: t.name)
+def test_avx2_tiles_match_reference(avx2_kernel, qtype):
+    """The AVX2 form of every packed tile type (two registers per 16 lanes, vpmaddubsw +
+    vpmaddwd products) against the reference, 1, 4, 5 and 9 activation rows."""
+    assert avx2_kernel.packed_available()
+    raw = rows_of(qtype, rows=48, blocks_per_row=2 if qtype in q8k_kernels.Q8K_TYPES else 16,
+                  seed=int(qtype))
+    reference = (q8k_matmul_reference if qtype in q8k_kernels.Q8K_TYPES
+                 else q80_matmul_reference)
+    tiles = q8k_kernels.pack_tiles(raw, qtype)
+    for m in (1, 4, 5, 9):
+        x = activations(m, 512, seed=m) * 2.0
+        out = torch.full((m, 48), float("nan"))
+        avx2_kernel.q8k_parts_into(x, [tiles], [int(qtype)], [True], out)
+        ref, magnitude = reference(x, raw, qtype)
+        assert_close(out, ref, magnitude)
 
 
 @requires_kernel
@@ -207,7 +245,7 @@ def test_build_without_avx512_matches_reference(portable_kernel):
         assert_close(portable_kernel.ggml_linear_q8k(x, raw, int(qtype)), ref, magnitude)
 
 
-@pytest.mark.skipif(not q8k_kernels.packing_available(), reason="needs AVX512-BW + VNNI")
+@pytest.mark.skipif(not q8k_kernels.packing_available(), reason="needs AVX2 or AVX512-BW + VNNI")
 def test_q8_0_activations_equal_llamacpp_rounding_bit_for_bit():
     x = activations(5, 512, seed=12) * 4.0
     x[2, 64:96] = 0.0  # a zero block
@@ -219,7 +257,7 @@ def test_q8_0_activations_equal_llamacpp_rounding_bit_for_bit():
     assert np.array_equal(sums.numpy(), qs_ref.reshape(5, -1, 32).astype(np.int32).sum(-1))
 
 
-@pytest.mark.skipif(not q8k_kernels.packing_available(), reason="needs AVX512-BW + VNNI")
+@pytest.mark.skipif(not q8k_kernels.packing_available(), reason="needs AVX2 or AVX512-BW + VNNI")
 @pytest.mark.parametrize("qtype", sorted(q8k_kernels.PACKED_TYPES & q8k_kernels.Q80_TYPES),
                          ids=lambda t: t.name)
 @pytest.mark.parametrize("m", [1, 4, 9, 16])

@@ -209,7 +209,8 @@ PACKED_TYPES: frozenset[GGMLQuantizationType] = frozenset(_TILE_FIELDS)
 
 
 def packing_available() -> bool:
-    """Whether the kernel for :func:`pack_tiles` tiles is built here (AVX512-BW + VNNI)."""
+    """Whether the kernel for :func:`pack_tiles` tiles is built here (AVX512-BW + VNNI, or
+    AVX2 + FMA + F16C: ``csrc/q8_tile_simd.h``)."""
     ext = kernel()
     return ext is not None and bool(ext.packed_available())
 

@@ -15,6 +15,7 @@
 #include "ggml_helpers.h"
 #include "ie_parallel_tasks.h"
 #include "q8_block32.h"
+#include "q8_tile_simd.h"
 
 namespace {
 
@@ -428,17 +429,9 @@ enum class Tile { Q4K, Q5K, Q6K };
 constexpr int64_t kPrefetchAhead = 1;  // tiles
 constexpr int64_t kTaskRuns = 8;
 
-#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if defined(IE_TILE_SIMD)
 #define Q8K_PACKED 1
-
-inline __m512i bcast4(const void* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v);
-}
-inline __m512i load64(const uint8_t* p) {
-  return _mm512_loadu_si512(reinterpret_cast<const void*>(p));
-}
+using namespace ie_tile;
 
 // body(tile bytes, tile index) for every tile of `tiles` (each `stride` bytes from base).
 // Tasks are runs of consecutive tiles, so each thread streams through memory in order
@@ -471,127 +464,126 @@ struct PackedActs {
 // acc[i] += the tile's block b for activation rows r0..r0+R.
 // Q4_K, and Q5_K (Q5 = true: a fifth bit per value from qh, bit 2c / 2c + 1 of chunk c).
 template <int R, bool Q5>
-void q4k_tile_block(const uint8_t* t, const PackedActs& a, int64_t r0, int64_t b, __m512* acc) {
-  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
-  const __m512 dmin = _mm512_cvtph_ps(
-      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32)));
+void q4k_tile_block(const uint8_t* t, const PackedActs& a, int64_t r0, int64_t b, vf* acc) {
+  const vf d = half16(t);
+  const vf dmin = half16(t + 32);
   // The 12 scale bytes of each row -> 8 scales (u0, u1) and 8 mins (u2, u3), a byte each.
-  const __m512i x0 = load64(t + 64), x1 = load64(t + 128), x2 = load64(t + 192);
-  const __m512i low6 = _mm512_set1_epi32(0x3f3f3f3f), low4 = _mm512_set1_epi32(0x0f0f0f0f);
-  const __m512i low2 = _mm512_set1_epi32(0x03030303);
-  const __m512i u[4] = {
-      _mm512_and_si512(x0, low6),
-      _mm512_or_si512(_mm512_and_si512(x2, low4),
-                      _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(x0, 6), low2), 4)),
-      _mm512_and_si512(x1, low6),
-      _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(x2, 4), low4),
-                      _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(x1, 6), low2), 4))};
-  const __m512i byte = _mm512_set1_epi32(0xFF), nib = _mm512_set1_epi8(0x0F);
+  const vi x0 = load64(t + 64), x1 = load64(t + 128), x2 = load64(t + 192);
+  const vi low6 = set1_i32(0x3f3f3f3f), low4 = set1_i32(0x0f0f0f0f);
+  const vi low2 = set1_i32(0x03030303);
+  const vi u[4] = {
+      vand(x0, low6),
+      vor(vand(x2, low4),
+                      slli32(vand(srli32(x0, 6), low2), 4)),
+      vand(x1, low6),
+      vor(vand(srli32(x2, 4), low4),
+                      slli32(vand(srli32(x1, 6), low2), 4))};
+  const vi byte = set1_i32(0xFF), nib = set1_i8(0x0F);
   const uint8_t* q = t + (Q5 ? 768 : 256);
   const uint8_t* qh = t + 256;
-  const __m512i one = _mm512_set1_epi8(0x01);
-  __m512i isum[R];
-  for (int i = 0; i < R; ++i) isum[i] = _mm512_setzero_si512();
+  const vi one = set1_i8(0x01);
+  vi isum[R];
+  for (int i = 0; i < R; ++i) isum[i] = zero_i();
   for (int c = 0; c < 4; ++c) {
-    __m512i lo_acc[R], hi_acc[R];
-    for (int i = 0; i < R; ++i) lo_acc[i] = hi_acc[i] = _mm512_setzero_si512();
+    vi lo_acc[R], hi_acc[R];
+    for (int i = 0; i < R; ++i) lo_acc[i] = hi_acc[i] = zero_i();
     for (int v = 0; v < 8; ++v) {
-      const __m512i w = load64(q + (8 * c + v) * 64);
-      __m512i lo = _mm512_and_si512(w, nib);
-      __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nib);
+      const vi w = load64(q + (8 * c + v) * 64);
+      vi lo = vand(w, nib);
+      vi hi = vand(srli16(w, 4), nib);
       if (Q5) {
-        const __m512i h = load64(qh + v * 64);
-        lo = _mm512_or_si512(lo, _mm512_slli_epi16(
-            _mm512_and_si512(_mm512_srli_epi16(h, 2 * c), one), 4));
-        hi = _mm512_or_si512(hi, _mm512_slli_epi16(
-            _mm512_and_si512(_mm512_srli_epi16(h, 2 * c + 1), one), 4));
+        const vi h = load64(qh + v * 64);
+        lo = vor(lo, slli16(
+            vand(srli16(h, 2 * c), one), 4));
+        hi = vor(hi, slli16(
+            vand(srli16(h, 2 * c + 1), one), 4));
       }
       for (int i = 0; i < R; ++i) {
         const int8_t* x = a.qs + (r0 + i) * a.k + 256 * b + 64 * c + 4 * v;
-        lo_acc[i] = _mm512_dpbusd_epi32(lo_acc[i], lo, bcast4(x));
-        hi_acc[i] = _mm512_dpbusd_epi32(hi_acc[i], hi, bcast4(x + 32));
+        lo_acc[i] = dpbusd(lo_acc[i], lo, bcast4(x));
+        hi_acc[i] = dpbusd(hi_acc[i], hi, bcast4(x + 32));
       }
     }
     // Sub-blocks 2c and 2c + 1: byte (2c) % 4 and (2c + 1) % 4 of u[c / 2].
-    const __m512i s_lo = _mm512_and_si512(_mm512_srli_epi32(u[c / 2], 16 * (c % 2)), byte);
-    const __m512i s_hi = _mm512_and_si512(_mm512_srli_epi32(u[c / 2], 16 * (c % 2) + 8), byte);
+    const vi s_lo = vand(srli32(u[c / 2], 16 * (c % 2)), byte);
+    const vi s_hi = vand(srli32(u[c / 2], 16 * (c % 2) + 8), byte);
     for (int i = 0; i < R; ++i)
-      isum[i] = _mm512_add_epi32(isum[i], _mm512_add_epi32(_mm512_mullo_epi32(lo_acc[i], s_lo),
-                                                           _mm512_mullo_epi32(hi_acc[i], s_hi)));
+      isum[i] = add32(isum[i], add32(mullo32(lo_acc[i], s_lo),
+                                                           mullo32(hi_acc[i], s_hi)));
   }
   // Mins: sum_s m[s] * (bsum[2s] + bsum[2s + 1]), int16 pairs (m[4t], m[4t+2]) and
   // (m[4t+1], m[4t+3]) against the activations' pairs of those sums.
-  const __m512i even = _mm512_set1_epi32(0x00FF00FF);
-  const __m512i m_a[2] = {_mm512_and_si512(u[2], even), _mm512_and_si512(u[3], even)};
-  const __m512i m_b[2] = {_mm512_and_si512(_mm512_srli_epi32(u[2], 8), even),
-                          _mm512_and_si512(_mm512_srli_epi32(u[3], 8), even)};
+  const vi even = set1_i32(0x00FF00FF);
+  const vi m_a[2] = {vand(u[2], even), vand(u[3], even)};
+  const vi m_b[2] = {vand(srli32(u[2], 8), even),
+                          vand(srli32(u[3], 8), even)};
   for (int i = 0; i < R; ++i) {
     const int32_t* pr = a.pairs + ((r0 + i) * a.nb + b) * 12;
-    __m512i msum = _mm512_setzero_si512();
+    vi msum = zero_i();
     for (int h = 0; h < 2; ++h) {
-      msum = _mm512_dpwssd_epi32(msum, m_a[h], _mm512_set1_epi32(pr[2 * h]));
-      msum = _mm512_dpwssd_epi32(msum, m_b[h], _mm512_set1_epi32(pr[2 * h + 1]));
+      msum = dpwssd(msum, m_a[h], set1_i32(pr[2 * h]));
+      msum = dpwssd(msum, m_b[h], set1_i32(pr[2 * h + 1]));
     }
-    const __m512 da = _mm512_set1_ps(a.d[(r0 + i) * a.nb + b]);
-    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[i]), _mm512_mul_ps(d, da), acc[i]);
-    acc[i] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin, da), acc[i]);
+    const vf da = set1_f(a.d[(r0 + i) * a.nb + b]);
+    acc[i] = fmadd(to_float(isum[i]), fmul(d, da), acc[i]);
+    acc[i] = fnmadd(to_float(msum), fmul(dmin, da), acc[i]);
   }
 }
 
 template <int R>
-void q6k_tile_block(const uint8_t* t, const PackedActs& a, int64_t r0, int64_t b, __m512* acc) {
-  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
-  __m512i sc[4];
+void q6k_tile_block(const uint8_t* t, const PackedActs& a, int64_t r0, int64_t b, vf* acc) {
+  const vf d = half16(t);
+  vi sc[4];
   for (int j = 0; j < 4; ++j) sc[j] = load64(t + 32 + 64 * j);
   const uint8_t* ql = t + 288;
   const uint8_t* qh = t + 2336;
-  const __m512i nib = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(0x03);
-  __m512i isum[R];
-  for (int i = 0; i < R; ++i) isum[i] = _mm512_setzero_si512();
+  const vi nib = set1_i8(0x0F), two = set1_i8(0x03);
+  vi isum[R];
+  for (int i = 0; i < R; ++i) isum[i] = zero_i();
   for (int h = 0; h < 2; ++h) {
     for (int k = 0; k < 4; ++k) {
       for (int uh = 0; uh < 2; ++uh) {
-        __m512i part[R];
-        for (int i = 0; i < R; ++i) part[i] = _mm512_setzero_si512();
+        vi part[R];
+        for (int i = 0; i < R; ++i) part[i] = zero_i();
         for (int v = 4 * uh; v < 4 * uh + 4; ++v) {
           // Values 128h + 32k + 4v ..: low or high nibbles of ql, two bits of qh, + 32.
-          const __m512i l = load64(ql + (16 * h + 8 * (k & 1) + v) * 64);
-          const __m512i hb = load64(qh + (8 * h + v) * 64);
-          const __m512i lowbits = k < 2 ? _mm512_and_si512(l, nib)
-                                        : _mm512_and_si512(_mm512_srli_epi16(l, 4), nib);
-          const __m512i highbits = _mm512_slli_epi16(
-              _mm512_and_si512(_mm512_srli_epi16(hb, 2 * k), two), 4);
-          const __m512i w = _mm512_or_si512(lowbits, highbits);
+          const vi l = load64(ql + (16 * h + 8 * (k & 1) + v) * 64);
+          const vi hb = load64(qh + (8 * h + v) * 64);
+          const vi lowbits = k < 2 ? vand(l, nib)
+                                        : vand(srli16(l, 4), nib);
+          const vi highbits = slli16(
+              vand(srli16(hb, 2 * k), two), 4);
+          const vi w = vor(lowbits, highbits);
           for (int i = 0; i < R; ++i) {
             const int8_t* x = a.qs + (r0 + i) * a.k + 256 * b + 128 * h + 32 * k + 4 * v;
-            part[i] = _mm512_dpbusd_epi32(part[i], w, bcast4(x));
+            part[i] = dpbusd(part[i], w, bcast4(x));
           }
         }
         // Group g = 8h + 2k + uh: scale byte g % 4 of dword g / 4, sign-extended.
         const int g = 8 * h + 2 * k + uh;
-        const __m512i s = _mm512_srai_epi32(_mm512_slli_epi32(sc[g / 4], 24 - 8 * (g % 4)), 24);
+        const vi s = srai32(slli32(sc[g / 4], 24 - 8 * (g % 4)), 24);
         for (int i = 0; i < R; ++i)
-          isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(part[i], s));
+          isum[i] = add32(isum[i], mullo32(part[i], s));
       }
     }
   }
   // The stored +32: 32 * sum_g scale[g] * bsum[g], int16 pairs (sc[4j], sc[4j+2]) and
   // (sc[4j+1], sc[4j+3]) against the activations' bsum pairs.
-  __m512i s_a[4], s_b[4];
+  vi s_a[4], s_b[4];
   for (int j = 0; j < 4; ++j) {
-    s_a[j] = _mm512_srai_epi16(_mm512_slli_epi16(sc[j], 8), 8);
-    s_b[j] = _mm512_srai_epi16(sc[j], 8);
+    s_a[j] = srai16(slli16(sc[j], 8), 8);
+    s_b[j] = srai16(sc[j], 8);
   }
   for (int i = 0; i < R; ++i) {
     const int32_t* pr = a.pairs + ((r0 + i) * a.nb + b) * 12 + 4;
-    __m512i off = _mm512_setzero_si512();
+    vi off = zero_i();
     for (int j = 0; j < 4; ++j) {
-      off = _mm512_dpwssd_epi32(off, s_a[j], _mm512_set1_epi32(pr[2 * j]));
-      off = _mm512_dpwssd_epi32(off, s_b[j], _mm512_set1_epi32(pr[2 * j + 1]));
+      off = dpwssd(off, s_a[j], set1_i32(pr[2 * j]));
+      off = dpwssd(off, s_b[j], set1_i32(pr[2 * j + 1]));
     }
-    const __m512i total = _mm512_sub_epi32(isum[i], _mm512_slli_epi32(off, 5));
-    const __m512 da = _mm512_set1_ps(a.d[(r0 + i) * a.nb + b]);
-    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d, da), acc[i]);
+    const vi total = sub32(isum[i], slli32(off, 5));
+    const vf da = set1_f(a.d[(r0 + i) * a.nb + b]);
+    acc[i] = fmadd(to_float(total), fmul(d, da), acc[i]);
   }
 }
 
@@ -599,14 +591,14 @@ void q6k_tile_block(const uint8_t* t, const PackedActs& a, int64_t r0, int64_t b
 template <int R, Tile KIND>
 void packed_rows(const uint8_t* tiles, int64_t tile_bytes, const PackedActs& a, int64_t r0,
                  float* out, int64_t ldy) {
-  __m512 acc[R];
-  for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
+  vf acc[R];
+  for (int i = 0; i < R; ++i) acc[i] = zero_f();
   for (int64_t b = 0; b < a.nb; ++b) {
     const uint8_t* t = tiles + b * tile_bytes;
     if constexpr (KIND == Tile::Q6K) q6k_tile_block<R>(t, a, r0, b, acc);
     else q4k_tile_block<R, KIND == Tile::Q5K>(t, a, r0, b, acc);
   }
-  for (int i = 0; i < R; ++i) _mm512_storeu_ps(out + (r0 + i) * ldy, acc[i]);
+  for (int i = 0; i < R; ++i) store(out + (r0 + i) * ldy, acc[i]);
 }
 
 // ---- Q8_0 and Q4_0 weights: llama.cpp multiplies them by Q8_0 activations. ----
@@ -623,43 +615,41 @@ struct Q80Acts {
 template <int R, bool Q4>
 void q80_rows(const uint8_t* tiles, int64_t tile_bytes, const Q80Acts& a, int64_t r0,
               float* out, int64_t ldy) {
-  const __m512i flip = _mm512_set1_epi8((char)0x80), nib = _mm512_set1_epi8(0x0F);
-  __m512 acc[R];
-  for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
+  const vi nib = set1_i8(0x0F);
+  vf acc[R];
+  for (int i = 0; i < R; ++i) acc[i] = zero_f();
   for (int64_t b = 0; b < a.nb; ++b) {
     const uint8_t* t = tiles + b * tile_bytes;
-    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
-    __m512i isum[R];
-    for (int i = 0; i < R; ++i) isum[i] = _mm512_setzero_si512();
+    const vf dw = half16(t);
+    vi isum[R];
+    for (int i = 0; i < R; ++i) isum[i] = zero_i();
     if constexpr (Q4) {
       for (int v = 0; v < 4; ++v) {
-        const __m512i w = load64(t + 32 + 64 * v);
-        const __m512i lo = _mm512_and_si512(w, nib);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nib);
+        const vi w = load64(t + 32 + 64 * v);
+        const vi lo = vand(w, nib);
+        const vi hi = vand(srli16(w, 4), nib);
         for (int i = 0; i < R; ++i) {
           const int8_t* x = a.qs + (r0 + i) * a.k + 32 * b + 4 * v;
-          isum[i] = _mm512_dpbusd_epi32(isum[i], lo, bcast4(x));
-          isum[i] = _mm512_dpbusd_epi32(isum[i], hi, bcast4(x + 16));
+          isum[i] = dpbusd(isum[i], lo, bcast4(x));
+          isum[i] = dpbusd(isum[i], hi, bcast4(x + 16));
         }
       }
     } else {
       for (int v = 0; v < 8; ++v) {
-        const __m512i w = _mm512_xor_si512(load64(t + 32 + 64 * v), flip);  // q + 128, unsigned
+        const vi w = load64(t + 32 + 64 * v);  // signed quants
         for (int i = 0; i < R; ++i)
-          isum[i] = _mm512_dpbusd_epi32(isum[i], w,
-                                        bcast4(a.qs + (r0 + i) * a.k + 32 * b + 4 * v));
+          isum[i] = dpbssd_biased(isum[i], w, bcast4(a.qs + (r0 + i) * a.k + 32 * b + 4 * v));
       }
     }
-    // The stored offset (8, or the 128 just added) times the block's activation sum.
-    const int32_t offset = Q4 ? 8 : 128;
+    // The stored offset (8, or the bias dpbssd_biased added) times the block's activation sum.
+    const int32_t offset = Q4 ? 8 : kSignedBias;
     for (int i = 0; i < R; ++i) {
       const int64_t rb = (r0 + i) * a.nb + b;
-      const __m512i total = _mm512_sub_epi32(isum[i], _mm512_set1_epi32(offset * a.sums[rb]));
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total),
-                               _mm512_mul_ps(dw, _mm512_set1_ps(a.d[rb])), acc[i]);
+      const vi total = sub32(isum[i], set1_i32(offset * a.sums[rb]));
+      acc[i] = fmadd(to_float(total), fmul(dw, set1_f(a.d[rb])), acc[i]);
     }
   }
-  for (int i = 0; i < R; ++i) _mm512_storeu_ps(out + (r0 + i) * ldy, acc[i]);
+  for (int i = 0; i < R; ++i) store(out + (r0 + i) * ldy, acc[i]);
 }
 #endif
 
@@ -719,7 +709,7 @@ bool check_packed(const torch::Tensor& qs, const torch::Tensor& packed, const to
   return qs.size(0) > 0 && packed.size(0) > 0;
 }
 
-// Whether q8k_packed_matmul_into exists in this build (AVX512-BW + VNNI).
+// Whether the packed-tile matmuls exist in this build (AVX512-BW + VNNI, or AVX2 + FMA + F16C).
 bool packed_available() {
 #if defined(Q8K_PACKED)
   return true;
@@ -782,7 +772,7 @@ void q8k_packed_matmul_into(torch::Tensor qs, torch::Tensor d, torch::Tensor bsu
     }
   });
 #else
-  TORCH_CHECK(false, "packed K-quant tiles need AVX512-BW and AVX512-VNNI");
+  TORCH_CHECK(false, "packed K-quant tiles need AVX512-BW + AVX512-VNNI, or AVX2 + FMA + F16C");
 #endif
 }
 
@@ -863,7 +853,7 @@ void q80_packed_matmul_into(torch::Tensor qs, torch::Tensor d, torch::Tensor sum
     }
   });
 #else
-  TORCH_CHECK(false, "packed Q8_0 / Q4_0 tiles need AVX512-BW and AVX512-VNNI");
+  TORCH_CHECK(false, "packed Q8_0 / Q4_0 tiles need AVX512-BW + AVX512-VNNI, or AVX2 + FMA + F16C");
 #endif
 }
 
