@@ -11,6 +11,7 @@
 #endif
 
 #include "ie_parallel_tasks.h"
+#include "ie_simd_helpers.h"
 
 // The kernels exist for AVX-512F (16-float vectors) and for AVX2 with FMA (8-float
 // vectors, fewer registers: smaller tiles); elsewhere available() is false.
@@ -31,6 +32,23 @@ bool available() {
 #endif
 }
 
+#ifdef IE_GEMV_SIMD
+namespace {
+inline float scalar(const at::BFloat16* p) { return static_cast<float>(*p); }
+
+// Rows of w that do not fill a micro-tile.
+void rest(const float* x, const at::BFloat16* w, float* y, int64_t M, int64_t K, int64_t N,
+          int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t m = 0; m < M; ++m) {
+      float s = 0.f;
+      for (int64_t kk = 0; kk < K; ++kk) s += x[m * K + kk] * scalar(w + n * K + kk);
+      y[m * N + n] = s;
+    }
+}
+}  // namespace
+#endif
+
 #ifdef __AVX512F__
 namespace {
 constexpr int NR = 4;        // weight rows per micro-tile
@@ -40,8 +58,6 @@ inline __m512 widen(const at::BFloat16* p) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
-
-inline float scalar(const at::BFloat16* p) { return static_cast<float>(*p); }
 
 // y[m, n..n+NR) for m < MR: x rows are K floats apart, y rows N apart, w rows K apart.
 template <int MR>
@@ -81,34 +97,14 @@ void tile(const float* x, const at::BFloat16* w, float* y, int64_t K, int64_t N)
     }
 }
 
-// Rows of w that do not fill a micro-tile.
-void rest(const float* x, const at::BFloat16* w, float* y, int64_t M, int64_t K, int64_t N,
-          int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; ++n)
-    for (int64_t m = 0; m < M; ++m) {
-      float s = 0.f;
-      for (int64_t kk = 0; kk < K; ++kk) s += x[m * K + kk] * scalar(w + n * K + kk);
-      y[m * N + n] = s;
-    }
-}
 }  // namespace
 #elif defined(IE_GEMV_AVX2)
 namespace {
 constexpr int NR = 4;        // weight rows per micro-tile
 constexpr int PREFETCH = 8;  // rows ahead to prefetch
 
-inline __m256 widen8(const at::BFloat16* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-inline float hsum8(__m256 v) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
-}
-
-inline float scalar(const at::BFloat16* p) { return static_cast<float>(*p); }
+using ie_simd::hsum8;   // ie_simd_helpers.h
+using ie_simd::widen8;
 
 // y[m, n..n+NR) for m < MR (1 or 2: sixteen 8-float registers hold MR * NR * 2 sums
 // and the widened weights): x rows are K floats apart, y rows N apart, w rows K apart.
@@ -145,15 +141,6 @@ void tile(const float* x, const at::BFloat16* w, float* y, int64_t K, int64_t N)
     }
 }
 
-void rest(const float* x, const at::BFloat16* w, float* y, int64_t M, int64_t K, int64_t N,
-          int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; ++n)
-    for (int64_t m = 0; m < M; ++m) {
-      float s = 0.f;
-      for (int64_t kk = 0; kk < K; ++kk) s += x[m * K + kk] * scalar(w + n * K + kk);
-      y[m * N + n] = s;
-    }
-}
 }  // namespace
 #endif
 
