@@ -214,3 +214,55 @@ def test_importing_the_kernel_modules_builds_nothing():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_kernels_build_side_by_side_and_each_name_once(monkeypatch):
+    """build_cpu_extensions runs one compiler per job at once (torch's ``load`` stands in
+    for the compiler here: it sleeps), and a loader asking for a kernel being built waits
+    for that build instead of starting another."""
+    import threading
+    import time
+
+    import torch.utils.cpp_extension
+    from inference_engine import cpu_extensions
+    from inference_engine.cpu_extensions import CpuKernelBuild, build_cpu_extensions
+
+    monkeypatch.setattr(cpu_extensions, "_MODULES", {})
+    monkeypatch.setattr(cpu_extensions, "_BUILD_LOCKS", {})
+    monkeypatch.setattr(cpu_extensions, "ensure_ninja_on_path", lambda: "ninja")
+    lock, running, peak, built = threading.Lock(), [0], [0], []
+
+    def compile_slowly(name, **kwargs):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.3)
+        with lock:
+            running[0] -= 1
+            built.append(name)
+        return object()
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", compile_slowly)
+    builds = [CpuKernelBuild(f"ie_side_by_side_{i}", ("cpu_fused.cpp",), f"kernel {i}",
+                             (f"-DIE_TEST_VARIANT={i}",)) for i in range(4)]
+    waiter = threading.Thread(target=lambda: time.sleep(0.1) or build_cpu_extensions(builds[:1]))
+    waiter.start()
+    assert build_cpu_extensions(builds, jobs=2) > 0.5  # 4 builds of 0.3 s, 2 at a time
+    waiter.join()
+    assert peak[0] == 2
+    assert sorted(built) == sorted(
+        cpu_extensions.csrc_extension_name(b.stem, b.sources, extra_cflags=b.extra_cflags)
+        for b in builds)  # each once, the waiter's included
+    module = cpu_extensions.load_cpu_extension_from_files(
+        builds[0].stem, list(builds[0].sources), description="again",
+        extra_cflags=builds[0].extra_cflags)
+    assert module is not None and len(built) == 4
+
+
+def test_the_cpu_platform_lists_every_core_kernel():
+    from inference_engine.builtin.platforms.cpu import CpuPlatform, cpu_kernel_builds
+    from inference_engine.cpu_extensions import CSRC_DIR
+
+    sources = {s for b in cpu_kernel_builds() for s in b.sources}
+    assert sources == {p.name for p in CSRC_DIR.glob("*.cpp")}
+    assert CpuPlatform().build_kernels() >= 0.0  # built (or cached) here

@@ -29,26 +29,28 @@ import torch
 
 from inference_engine import cpu_extensions
 from inference_engine.cpu_extensions import (
+    CpuKernelBuild,
     csrc_extension_name,
     load_cpu_extension_from_files,
 )
 
-__all__ = ["SPIN_ENV", "kernel_runner", "load_pooled_sources", "parallel_runner_address",
+__all__ = ["POOL_BUILD", "SPIN_ENV", "kernel_runner", "load_pooled_build", "load_pooled_sources", "parallel_runner_address",
            "pool_wanted", "thread_pool"]
 
 SPIN_ENV = "INFERENCE_ENGINE_CPU_SPIN_US"
 
 _STARTED: dict[str, Any] = {}
 
+POOL_BUILD = CpuKernelBuild("inference_engine_cpu_pool", ("cpu_thread_pool.cpp",),
+                            "the CPU kernels' thread pool")
+
 
 def thread_pool() -> Any | None:
     """The started pool module (``torch.get_num_threads() - 1`` workers), or None."""
     if "module" in _STARTED:
         return _STARTED["module"]
-    module = load_cpu_extension_from_files(
-        "inference_engine_cpu_pool", ["cpu_thread_pool.cpp"],
-        description="the CPU kernels' thread pool",
-    )
+    module = load_cpu_extension_from_files(POOL_BUILD.stem, list(POOL_BUILD.sources),
+                                           description=POOL_BUILD.description)
     if module is not None and module.num_workers() == 0:
         spin_us = int(os.environ.get(SPIN_ENV, "200"))
         module.start(max(torch.get_num_threads() - 1, 0), spin_us)
@@ -97,6 +99,12 @@ def load_pooled_sources(stem: str, sources: list[str], *, description: str,
         _POOLED_FILES[stem] = (csrc_extension_name(stem, sources, extra_cflags=extra_cflags),
                                module)
     return module
+
+
+def load_pooled_build(build: CpuKernelBuild) -> Any | None:
+    """:func:`load_pooled_sources` of a :class:`~inference_engine.cpu_extensions.CpuKernelBuild`."""
+    return load_pooled_sources(build.stem, list(build.sources), description=build.description,
+                               extra_cflags=build.extra_cflags)
 
 
 @contextmanager

@@ -159,12 +159,10 @@ def test_tiled_linear_rounds_block32_activations_in_q8_mode_only():
 @pytest.fixture(scope="module")
 def scalar_kernel():
     """The same source built without AVX2 / AVX-512: the scalar loops other CPUs run."""
-    from inference_engine_gguf.cpu_kernels import load_ggml_extension
+    from inference_engine.cpu_thread_pool import load_pooled_build
+    from inference_engine_gguf.testing import PORTABLE_Q8K_BUILD
 
-    ext = load_ggml_extension(
-        "inference_engine_gguf_q8k_scalar_test", q8k_kernels._SOURCES,
-        description="the Q8 kernel without AVX2 (test)",
-        extra_cflags=("-mno-avx512f", "-mno-avx2", "-mno-fma"))
+    ext = load_pooled_build(PORTABLE_Q8K_BUILD)
     if ext is None:
         pytest.skip("the kernel could not be built without AVX2 here")
     return ext

@@ -186,12 +186,10 @@ def test_packed_tiles_match_reference(qtype, m):
 @pytest.fixture(scope="module")
 def portable_kernel():
     """The same source built without AVX2 and AVX-512: the loops machines without them run."""
-    from inference_engine_gguf.cpu_kernels import load_ggml_extension
+    from inference_engine.cpu_thread_pool import load_pooled_build
+    from inference_engine_gguf.testing import PORTABLE_Q8K_BUILD
 
-    ext = load_ggml_extension(
-        "inference_engine_gguf_q8k_portable_test", q8k_kernels._SOURCES,
-        description="the Q8_K kernel without AVX2 / AVX-512 (test)",
-        extra_cflags=("-mno-avx512f", "-mno-avx2"))
+    ext = load_pooled_build(PORTABLE_Q8K_BUILD)
     if ext is None:
         pytest.skip("the kernel could not be built without AVX2 here")
     return ext
@@ -200,13 +198,12 @@ def portable_kernel():
 @pytest.fixture(scope="module")
 def avx2_kernel():
     """The same source built for AVX2 only (on an AVX-512 CPU too): the AVX2 tile kernels."""
-    from inference_engine_gguf.cpu_kernels import load_ggml_extension
+    from inference_engine.cpu_thread_pool import load_pooled_build
+    from inference_engine_gguf.testing import AVX2_Q8K_BUILD
 
     if not HAS_AVX2:
         pytest.skip("the CPU has no AVX2 + FMA + F16C")
-    ext = load_ggml_extension(
-        "inference_engine_gguf_q8k_avx2_test", q8k_kernels._SOURCES,
-        description="the Q8_K kernel for AVX2 (test)", extra_cflags=("-mno-avx512f",))
+    ext = load_pooled_build(AVX2_Q8K_BUILD)
     if ext is None:
         pytest.skip("the kernel could not be built for AVX2 here")
     return ext

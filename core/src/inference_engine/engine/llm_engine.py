@@ -74,6 +74,9 @@ class LLMEngine:
         self.platform = select_platform(config.parallel.platform, engine_device_ids(config))
         set_current_platform(self.platform)
         self.platform.set_up_process()
+        built = self.platform.build_kernels()
+        if built > 1.0:  # a first start on this machine: compilers ran
+            logger.info("platform kernels built in %.1f s (cached for later starts)", built)
         # Tensor/expert parallelism: the other ranks started (or joined) before the model is
         # built, as its layers take their shard from the process's groups (distributed/).
         self.executor = start_executor(config)

@@ -299,6 +299,13 @@ class Platform(ABC):  # noqa: B024 - every method has a working default
     def set_up_process(self) -> None:  # noqa: B027 - optional hook
         """Per-process numeric settings (flush denormals, ...); called at engine start."""
 
+    def build_kernels(self) -> float:
+        """Compile the platform's own kernels before the model's layers ask for them (all of
+        them side by side, one compiler per core, instead of one after another as each
+        layer is built); called at engine start. Returns the seconds it took (0.0: none,
+        or all were already built)."""
+        return 0.0
+
     def describe(self) -> dict[str, Any]:
         """Everything above as plain JSON data (``inference-engine env``)."""
         free, total = self.memory_info()

@@ -21,20 +21,22 @@ from typing import Any
 
 import torch
 
-from inference_engine.cpu_thread_pool import load_pooled_sources
+from inference_engine.cpu_extensions import CpuKernelBuild
+from inference_engine.cpu_thread_pool import load_pooled_build
 
-__all__ = ["fused_argmax", "fused_kernels", "fused_rms_norm", "fused_rope",
+__all__ = ["FUSED_BUILD", "fused_argmax", "fused_kernels", "fused_rms_norm", "fused_rope",
            "fused_silu_and_mul"]
 
 _EMPTY = torch.empty(0)
 
 
+FUSED_BUILD = CpuKernelBuild("inference_engine_cpu_fused", ("cpu_fused.cpp",),
+                             "the CPU fused norm/activation kernels", ("-ffast-math",))
+
+
 def fused_kernels() -> Any | None:
     """The compiled module, or None where it cannot be built (logged once)."""
-    return load_pooled_sources(
-        "inference_engine_cpu_fused", ["cpu_fused.cpp"],
-        description="the CPU fused norm/activation kernels", extra_cflags=("-ffast-math",),
-    )
+    return load_pooled_build(FUSED_BUILD)
 
 
 def _usable(x: torch.Tensor) -> bool:

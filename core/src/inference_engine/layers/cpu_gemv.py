@@ -41,9 +41,10 @@ import torch
 import torch.nn.functional as F
 
 from inference_engine.builtin.platforms import cpu as cpu_platform
-from inference_engine.cpu_thread_pool import load_pooled_sources
+from inference_engine.cpu_extensions import CpuKernelBuild
+from inference_engine.cpu_thread_pool import load_pooled_build
 
-__all__ = ["GEMV_MAX_ROWS", "NATIVE_BF16_GEMV_MAX_ROWS", "allow_bf16_gemm", "bf16_gemv_weight",
+__all__ = ["GEMV_BUILD", "GEMV_MAX_ROWS", "NATIVE_BF16_GEMV_MAX_ROWS", "allow_bf16_gemm", "bf16_gemv_weight",
            "gemv_kernel", "gemv_max_rows", "is_packed", "small_batch_linear", "unpack_bf16"]
 
 GEMV_MAX_ROWS = 24
@@ -52,11 +53,13 @@ NATIVE_BF16_GEMV_MAX_ROWS = 8
 """The same limit where oneDNN's bf16 GEMM (a CPU with a bf16 dot product) is the alternative."""
 
 
+GEMV_BUILD = CpuKernelBuild("inference_engine_cpu_gemv", ("cpu_gemv.cpp",),
+                            "the CPU bf16 GEMV kernel")
+
+
 def gemv_kernel() -> Any | None:
     """The compiled module, or None where it cannot be built or the CPU lacks AVX-512 and AVX2."""
-    module = load_pooled_sources(
-        "inference_engine_cpu_gemv", ["cpu_gemv.cpp"], description="the CPU bf16 GEMV kernel",
-    )
+    module = load_pooled_build(GEMV_BUILD)
     if module is None or not module.available():
         return None
     return module

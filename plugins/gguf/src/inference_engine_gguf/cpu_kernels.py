@@ -30,10 +30,10 @@ from typing import Any
 import torch
 from gguf.constants import GGMLQuantizationType
 from inference_engine.cpu_extensions import CSRC_DIR as CORE_CSRC_DIR
-from inference_engine.cpu_extensions import extension_name
+from inference_engine.cpu_extensions import CpuKernelBuild, extension_name
 from inference_engine.cpu_thread_pool import load_pooled_sources
 
-__all__ = ["CSRC_DIR", "GGML_CFLAGS", "KERNEL_TYPES", "dequantize", "dequantize_rows",
+__all__ = ["CSRC_DIR", "GGML_CFLAGS", "GGML_MATMUL_BUILD", "ggml_build", "KERNEL_TYPES", "dequantize", "dequantize_rows",
            "ggml_extension_name", "ggml_linear", "kernel", "load_ggml_extension", "supports"]
 
 T = GGMLQuantizationType
@@ -60,6 +60,17 @@ GGML_CFLAGS: tuple[str, ...] = ("-ffp-contract=off",)
 
 _STEM = "inference_engine_gguf_ggml_matmul"
 _SOURCES = [str(CSRC_DIR / "ggml_matmul.cpp")]
+
+
+def ggml_build(stem: str, sources: Sequence[str], description: str,
+               extra_cflags: tuple[str, ...] = ()) -> CpuKernelBuild:
+    """What :func:`load_ggml_extension` builds, for
+    :func:`inference_engine.cpu_extensions.build_cpu_extensions` (same name, same cache)."""
+    return CpuKernelBuild(stem, tuple(map(str, sources)), description,
+                          (*GGML_CFLAGS, *extra_cflags))
+
+
+GGML_MATMUL_BUILD = ggml_build(_STEM, _SOURCES, "the CPU GGML block matmul kernel")
 
 
 def load_ggml_extension(stem: str, sources: list[str], *, description: str,
@@ -96,7 +107,7 @@ def ggml_extension_name(stem: str, sources: list[str | os.PathLike[str]], *,
 
 def kernel() -> Any | None:
     """The compiled extension, or None where it cannot be built or is turned off."""
-    return load_ggml_extension(_STEM, _SOURCES, description="the CPU GGML block matmul kernel")
+    return load_ggml_extension(_STEM, _SOURCES, description=GGML_MATMUL_BUILD.description)
 
 
 def supports(x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType) -> bool:

@@ -43,10 +43,10 @@ from typing import Any
 import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from inference_engine_gguf.cpu_kernels import CSRC_DIR, load_ggml_extension
+from inference_engine_gguf.cpu_kernels import CSRC_DIR, ggml_build, load_ggml_extension
 from inference_engine_gguf.dequant import dequantize
 
-__all__ = ["PACKED_TYPES", "Q80_TYPES", "Q81_TYPES", "Q8K_IQ_TYPES", "Q8K_TYPES", "Q8_TYPES",
+__all__ = ["PACKED_TYPES", "Q80_TYPES", "Q8K_BUILD", "Q81_TYPES", "Q8K_IQ_TYPES", "Q8K_TYPES", "Q8_TYPES",
            "TILE_ROWS",
            "Q8Parts", "activation_rounding", "kernel", "pack_tiles", "packing_available",
            "q8_linear", "q8k_linear", "q8k_linear_reference", "q8k_parts_linear", "quantize_q8_k",
@@ -72,11 +72,12 @@ REFERENCE_TILE_VALUES = 1 << 22
 
 _STEM = "inference_engine_gguf_q8k"
 _SOURCES = [str(CSRC_DIR / "q8k_matmul.cpp")]
+Q8K_BUILD = ggml_build(_STEM, _SOURCES, "the CPU K-quant x Q8_K kernel")
 
 
 def kernel() -> Any | None:
     """The compiled extension, or None where it cannot be built or is turned off."""
-    return load_ggml_extension(_STEM, _SOURCES, description="the CPU K-quant x Q8_K kernel")
+    return load_ggml_extension(_STEM, _SOURCES, description=Q8K_BUILD.description)
 
 
 def activation_rounding(qtype: GGMLQuantizationType) -> str | None:

@@ -7,12 +7,24 @@ import torch
 from gguf import quants
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-__all__ = ["F16_FIELDS", "block32_matmul_reference", "block32_quants_numpy",
+from inference_engine_gguf.cpu_kernels import ggml_build
+from inference_engine_gguf.q8k_kernels import Q8K_BUILD
+
+__all__ = ["AVX2_Q8K_BUILD", "F16_FIELDS", "PORTABLE_Q8K_BUILD", "block32_matmul_reference", "block32_quants_numpy",
            "iq4_xs_matmul_reference", "q80_matmul_reference", "q8k_matmul_reference",
            "quantize_q8_0_numpy", "quantize_q8_1_numpy", "quantize_q8_k_numpy",
            "random_ggml_rows"]
 
 T = GGMLQuantizationType
+
+# The K-quant kernel's source built for the paths this CPU would not take: the plain loops of
+# CPUs without AVX2 (with -ffp-contract=off, -mno-fma changes nothing else there), and the
+# AVX2 tiles on an AVX-512 CPU.
+PORTABLE_Q8K_BUILD = ggml_build(
+    "inference_engine_gguf_q8k_portable_test", Q8K_BUILD.sources,
+    "the Q8_K kernel without AVX2 / AVX-512 (test)", ("-mno-avx512f", "-mno-avx2", "-mno-fma"))
+AVX2_Q8K_BUILD = ggml_build("inference_engine_gguf_q8k_avx2_test", Q8K_BUILD.sources,
+                            "the Q8_K kernel for AVX2 (test)", ("-mno-avx512f",))
 
 # Byte ranges of each block type that hold float16 scales (kept finite in random rows).
 F16_FIELDS: dict[GGMLQuantizationType, list[tuple[int, int]]] = {

@@ -34,9 +34,10 @@ from typing import Any
 
 import torch
 
-from inference_engine.cpu_thread_pool import load_pooled_sources
+from inference_engine.cpu_extensions import CpuKernelBuild
+from inference_engine.cpu_thread_pool import load_pooled_build
 
-__all__ = ["KERNEL_CACHE_DTYPES", "decode_kernel", "paged_decode_attention",
+__all__ = ["DECODE_BUILD", "KERNEL_CACHE_DTYPES", "decode_kernel", "paged_decode_attention",
            "reads_cache", "write_kv_rows"]
 
 # Cache dtypes the kernels read and write.
@@ -50,12 +51,13 @@ def reads_cache(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
             and k_cache.dtype in KERNEL_CACHE_DTYPES and k_cache.shape[1] <= 16)
 
 
+DECODE_BUILD = CpuKernelBuild("inference_engine_cpu_decode", ("cpu_decode_attention.cpp",),
+                              "the CPU paged-decode attention kernel")
+
+
 def decode_kernel() -> Any | None:
     """The compiled extension module, or None where it cannot be built (logged once)."""
-    return load_pooled_sources(
-        "inference_engine_cpu_decode", ["cpu_decode_attention.cpp"],
-        description="the CPU paged-decode attention kernel",
-    )
+    return load_pooled_build(DECODE_BUILD)
 
 
 def paged_decode_attention(

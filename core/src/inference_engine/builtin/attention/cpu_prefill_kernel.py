@@ -27,20 +27,22 @@ from typing import Any
 import torch
 
 from inference_engine.builtin.attention.cpu_decode_kernel import reads_cache
-from inference_engine.cpu_thread_pool import load_pooled_sources
+from inference_engine.cpu_extensions import CpuKernelBuild
+from inference_engine.cpu_thread_pool import load_pooled_build
 
-__all__ = ["paged_prefill_attention", "prefill_kernel"]
+__all__ = ["PREFILL_BUILD", "paged_prefill_attention", "prefill_kernel"]
 
 # Head sizes the kernel is instantiated for.
 _HEAD_SIZES = (32, 48, 64, 96, 128, 256)
 
 
+PREFILL_BUILD = CpuKernelBuild("inference_engine_cpu_prefill", ("cpu_prefill_attention.cpp",),
+                               "the CPU paged-prefill attention kernel")
+
+
 def prefill_kernel() -> Any | None:
     """The compiled extension, or None where it cannot be built or the CPU lacks AVX-512 and AVX2."""
-    module = load_pooled_sources(
-        "inference_engine_cpu_prefill", ["cpu_prefill_attention.cpp"],
-        description="the CPU paged-prefill attention kernel",
-    )
+    module = load_pooled_build(PREFILL_BUILD)
     if module is None or not module.available():
         return None
     return module

@@ -6,9 +6,10 @@ from functools import cache
 
 import torch
 
+from inference_engine.cpu_extensions import CpuKernelBuild
 from inference_engine.interfaces.platform import KERNEL_INT8_MM, Platform
 
-__all__ = ["CpuPlatform"]
+__all__ = ["CpuPlatform", "cpu_kernel_builds"]
 
 
 def _keep_large_allocations_on_heap() -> None:
@@ -37,6 +38,19 @@ def has_native_bf16() -> bool:
     except OSError:
         return True
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def cpu_kernel_builds() -> list[CpuKernelBuild]:
+    """The core's C++ CPU kernels, slowest build first (the whole-step decode kernel and
+    prefill attention take longest), so side by side they finish together."""
+    from inference_engine.builtin.attention.cpu_decode_kernel import DECODE_BUILD
+    from inference_engine.builtin.attention.cpu_prefill_kernel import PREFILL_BUILD
+    from inference_engine.cpu_thread_pool import POOL_BUILD
+    from inference_engine.layers.cpu_decode_step import DECODE_STEP_BUILD
+    from inference_engine.layers.cpu_fused import FUSED_BUILD
+    from inference_engine.layers.cpu_gemv import GEMV_BUILD
+
+    return [DECODE_STEP_BUILD, PREFILL_BUILD, DECODE_BUILD, GEMV_BUILD, FUSED_BUILD, POOL_BUILD]
 
 
 class CpuPlatform(Platform):
@@ -73,6 +87,11 @@ class CpuPlatform(Platform):
         # Denormals slow tiny fp32 models several-fold.
         torch.set_flush_denormal(True)
         _keep_large_allocations_on_heap()
+
+    def build_kernels(self) -> float:
+        from inference_engine.cpu_extensions import build_cpu_extensions
+
+        return build_cpu_extensions(cpu_kernel_builds())
 
     def attention_backends(self) -> list[str]:
         # cpu_paged: the C++ kernels over the paged pool; torch_sdpa: the reference.
