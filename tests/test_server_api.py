@@ -425,6 +425,8 @@ def test_openai_client_raises_bad_request(server):
 
 
 def test_metrics_exposition(server):
+    # One request of its own: the counters must not depend on which tests ran before.
+    client(server).completions.create(model=NAME, prompt="The quick brown", max_tokens=3)
     text = httpx.get(server.url + "/metrics", headers=auth()).text
     for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
                  "prefix_cache_hit_rate", "prompt_tokens_total", "generation_tokens_total",
