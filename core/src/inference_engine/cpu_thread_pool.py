@@ -32,10 +32,11 @@ from inference_engine.cpu_extensions import (
     CpuKernelBuild,
     csrc_extension_name,
     load_cpu_extension_from_files,
+    load_cpu_kernel,
 )
 
-__all__ = ["POOL_BUILD", "SPIN_ENV", "kernel_runner", "load_pooled_build", "load_pooled_sources", "parallel_runner_address",
-           "pool_wanted", "thread_pool"]
+__all__ = ["POOL_BUILD", "SPIN_ENV", "kernel_runner", "load_pooled_build", "load_pooled_sources",
+           "parallel_runner_address", "pool_wanted", "thread_pool"]
 
 SPIN_ENV = "INFERENCE_ENGINE_CPU_SPIN_US"
 
@@ -49,8 +50,7 @@ def thread_pool() -> Any | None:
     """The started pool module (``torch.get_num_threads() - 1`` workers), or None."""
     if "module" in _STARTED:
         return _STARTED["module"]
-    module = load_cpu_extension_from_files(POOL_BUILD.stem, list(POOL_BUILD.sources),
-                                           description=POOL_BUILD.description)
+    module = load_cpu_kernel(POOL_BUILD)
     if module is not None and module.num_workers() == 0:
         spin_us = int(os.environ.get(SPIN_ENV, "200"))
         module.start(max(torch.get_num_threads() - 1, 0), spin_us)

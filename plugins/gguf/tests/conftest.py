@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import transformers
@@ -23,10 +21,9 @@ def _kernels_built_side_by_side():
     from inference_engine.cpu_extensions import build_cpu_extensions
     from inference_engine_gguf.cpu_kernels import GGML_MATMUL_BUILD
     from inference_engine_gguf.q8k_kernels import Q8K_BUILD
-    from inference_engine_gguf.testing import AVX2_Q8K_BUILD, PORTABLE_Q8K_BUILD
+    from inference_engine_gguf.testing import AVX2_Q8K_BUILD, PORTABLE_Q8K_BUILD, cpu_has_avx2
 
-    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-    avx2 = [AVX2_Q8K_BUILD] if " avx2" in flags else []
+    avx2 = [AVX2_Q8K_BUILD] if cpu_has_avx2() else []
     build_cpu_extensions([Q8K_BUILD, PORTABLE_Q8K_BUILD, *avx2, GGML_MATMUL_BUILD,
                           *cpu_kernel_builds()])
 

@@ -8,8 +8,6 @@ those rounded activations times those weights in float64: what llama.cpp's integ
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
@@ -19,6 +17,8 @@ from inference_engine.cpu_thread_pool import kernel_runner, thread_pool
 from inference_engine_gguf import q8k_kernels
 from inference_engine_gguf.quant_method import tiled_linear
 from inference_engine_gguf.testing import (
+    cpu_flags,
+    cpu_has_avx2,
     q8k_matmul_reference,
     q80_matmul_reference,
     quantize_q8_0_numpy,
@@ -31,14 +31,14 @@ K_QUANTS = sorted(q8k_kernels.Q8K_TYPES)
 
 
 
-CPU_FLAGS = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-HAS_AVX2 = all(f" {flag}" in CPU_FLAGS for flag in ("avx2", "fma", "f16c"))
+CPU_FLAGS = cpu_flags()
+HAS_AVX2 = cpu_has_avx2()
 
 
 def test_kernel_builds_and_tiles_exist_where_the_cpu_has_avx2_or_vnni():
     """The tests below skip without the kernel: a failed build must fail here instead."""
     assert q8k_kernels.kernel() is not None, "the Q8_K kernel failed to build (see the log)"
-    if HAS_AVX2 or (" avx512bw" in CPU_FLAGS and " avx512_vnni" in CPU_FLAGS):
+    if HAS_AVX2 or {"avx512bw", "avx512_vnni"} <= CPU_FLAGS:
         assert q8k_kernels.packing_available()
 
 

@@ -30,13 +30,14 @@ import torch
 
 from inference_engine.builtin.attention.cpu_decode_kernel import KERNEL_CACHE_DTYPES, decode_kernel
 from inference_engine.builtin.attention.cpu_paged import CpuPagedAttentionBackend
-from inference_engine.cpu_extensions import CpuKernelBuild, load_cpu_extension_from_files
+from inference_engine.cpu_extensions import CpuKernelBuild, load_cpu_kernel
 from inference_engine.interfaces.attention import AttentionMetadata
 from inference_engine.layers.cpu_fused import fused_kernels
 from inference_engine.layers.cpu_gemv import gemv_kernel, gemv_max_rows, is_packed
 from inference_engine.layers.rotary import RotaryTable, rotate_cpu
 
-__all__ = ["DECODE_STEP_BUILD", "CpuDecodeStep", "build_decode_step", "decode_step_blocker", "linear_spec"]
+__all__ = ["DECODE_STEP_BUILD", "CpuDecodeStep", "build_decode_step", "decode_step_blocker",
+           "linear_spec"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +47,7 @@ DECODE_STEP_BUILD = CpuKernelBuild("inference_engine_cpu_decode_step", ("cpu_dec
 
 
 def _step_module() -> Any | None:
-    return load_cpu_extension_from_files(DECODE_STEP_BUILD.stem, list(DECODE_STEP_BUILD.sources),
-                                         description=DECODE_STEP_BUILD.description)
+    return load_cpu_kernel(DECODE_STEP_BUILD)
 
 
 class CpuDecodeStep:

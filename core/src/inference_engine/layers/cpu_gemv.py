@@ -28,7 +28,8 @@ path), so the copy costs half as much memory again as the float32 weights.
 
 AVX-512, or AVX2 with FMA (8-float vectors, smaller register tiles: one row
 of up to four groups, or up to four rows of one group); other CPUs keep
-``F.linear``. ``INFERENCE_ENGINE_CPU_KERNELS=0`` turns it off. ``F.linear`` in float64 is the reference it is tested against.
+``F.linear``. ``INFERENCE_ENGINE_CPU_KERNELS=0`` turns it off. ``F.linear`` in float64
+is the reference it is tested against.
 The C++ is ``csrc/cpu_gemv.cpp``, built on first use by
 :mod:`inference_engine.cpu_extensions`.
 """
@@ -44,8 +45,9 @@ from inference_engine.builtin.platforms import cpu as cpu_platform
 from inference_engine.cpu_extensions import CpuKernelBuild
 from inference_engine.cpu_thread_pool import load_pooled_build
 
-__all__ = ["GEMV_BUILD", "GEMV_MAX_ROWS", "NATIVE_BF16_GEMV_MAX_ROWS", "allow_bf16_gemm", "bf16_gemv_weight",
-           "gemv_kernel", "gemv_max_rows", "is_packed", "small_batch_linear", "unpack_bf16"]
+__all__ = ["GEMV_BUILD", "GEMV_MAX_ROWS", "NATIVE_BF16_GEMV_MAX_ROWS", "allow_bf16_gemm",
+           "bf16_gemv_weight", "gemv_kernel", "gemv_max_rows", "is_packed", "small_batch_linear",
+           "unpack_bf16"]
 
 GEMV_MAX_ROWS = 24
 """Largest number of activation rows sent to the kernel instead of MKL's float32 GEMM."""
