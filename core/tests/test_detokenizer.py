@@ -201,3 +201,43 @@ def test_stop_string_inside_multibyte_tokens_cuts_at_character_boundary():
         if match:
             break
     assert match is not None and match.text == "héllo 你"
+
+
+@pytest.mark.parametrize("factory", [byte_level_tokenizer, metaspace_tokenizer])
+@pytest.mark.parametrize("skip", [True, False])
+def test_window_decoder_equals_the_tokenizers_decode(factory, skip):
+    import random
+
+    from inference_engine.detokenizer import window_decoder
+
+    tokenizer = factory()
+    decode = window_decoder(tokenizer, skip)
+    assert decode.__name__ == "fast"  # a plain fast tokenizer: the Rust decode directly
+    rng = random.Random(0)
+    vocab = len(tokenizer)
+    for _ in range(200):
+        ids = [rng.randrange(vocab) for _ in range(rng.randrange(0, 12))]
+        ids += list(tokenizer.all_special_ids)[: rng.randrange(3)]
+        rng.shuffle(ids)
+        assert decode(ids) == tokenizer.decode(ids, skip_special_tokens=skip)
+        assert decode(tuple(ids)) == decode(ids)
+
+
+def test_window_decoder_keeps_a_tokenizers_own_decode():
+    from transformers import PreTrainedTokenizerFast
+
+    from inference_engine.detokenizer import window_decoder
+
+    base = byte_level_tokenizer()
+
+    class Shouting(PreTrainedTokenizerFast):
+        def _decode(self, token_ids, **kwargs):
+            return super()._decode(token_ids, **kwargs).upper()
+
+    shouting = Shouting(tokenizer_object=base.backend_tokenizer, clean_up_tokenization_spaces=False)
+    ids = base.encode("quick fox")
+    assert window_decoder(shouting, True)(ids) == "QUICK FOX"
+    cleaning = PreTrainedTokenizerFast(tokenizer_object=base.backend_tokenizer,
+                                       clean_up_tokenization_spaces=True)
+    assert window_decoder(cleaning, True).__name__ == "general"
+    assert window_decoder(cleaning, True)(ids) == cleaning.decode(ids, skip_special_tokens=True)

@@ -14,8 +14,8 @@ turning " ." into ".") can differ from ``decode(all)`` at window edges.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ __all__ = [
     "find_stop",
     "find_stop_string",
     "stop_holdback",
+    "window_decoder",
 ]
 
 # Prompt tokens decoded ahead of the first output token (vLLM's initial offset).
@@ -56,6 +57,7 @@ class IncrementalDetokenizer:
                  skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        self._decode = window_decoder(tokenizer, skip_special_tokens)
         # Skipped special tokens add no text: keep them out of the window, so a
         # run of them does not grow it.
         self._skipped_ids = _skipped_special_ids(tokenizer) if skip_special_tokens else frozenset()
@@ -84,9 +86,6 @@ class IncrementalDetokenizer:
             return list(token_ids)
         return [t for t in token_ids if t not in self._skipped_ids]
 
-    def _decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
-
     def add_tokens(self, token_ids: Sequence[int]) -> str:
         """Add generated tokens; return the text that became certain (maybe "")."""
         self._ids.extend(self._kept(token_ids))
@@ -112,6 +111,50 @@ class IncrementalDetokenizer:
         if delta:
             self._pieces.append(delta)
         return delta
+
+
+def window_decoder(tokenizer: Any, skip_special_tokens: bool) -> Callable[[Sequence[int]], str]:
+    """``ids -> tokenizer.decode(ids, skip_special_tokens=...)``, chosen once per request.
+
+    For a transformers fast tokenizer that neither overrides decoding nor cleans up
+    spaces, ``decode`` is the Rust tokenizer's ``decode`` behind a Python conversion
+    that walks every id (``to_py_obj``); the window is decoded twice per step for every
+    running request, so calling the Rust ``decode`` directly is what keeps detokenizing
+    64 streams cheap. Any other tokenizer keeps its own ``decode``.
+    """
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is not None and _plain_fast_decode(type(tokenizer)) and not getattr(
+            tokenizer, "clean_up_tokenization_spaces", True):
+        decode = backend.decode
+
+        def fast(ids: Sequence[int]) -> str:
+            return decode(ids if isinstance(ids, list) else list(ids),
+                          skip_special_tokens=skip_special_tokens)
+
+        return fast
+
+    def general(ids: Sequence[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    return general
+
+
+_PLAIN_DECODE: dict[type, bool] = {}
+
+
+def _plain_fast_decode(cls: type) -> bool:
+    """Whether ``cls`` decodes as transformers' ``TokenizersBackend`` does, unchanged."""
+    if cls not in _PLAIN_DECODE:
+        try:
+            from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+            from transformers.tokenization_utils_tokenizers import TokenizersBackend
+        except ImportError:  # another transformers layout: keep the tokenizer's decode
+            _PLAIN_DECODE[cls] = False
+        else:
+            _PLAIN_DECODE[cls] = (issubclass(cls, TokenizersBackend)
+                                  and cls.decode is PreTrainedTokenizerBase.decode
+                                  and cls._decode is TokenizersBackend._decode)
+    return _PLAIN_DECODE[cls]
 
 
 _SKIPPED_CACHE: weakref.WeakKeyDictionary[Any, frozenset[int]] = weakref.WeakKeyDictionary()
