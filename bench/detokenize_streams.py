@@ -53,7 +53,7 @@ def step_ms(tokenizer, prompts, outputs, fast: bool) -> tuple[float, list[str]]:
     times = []
     for i in range(len(outputs[0])):
         start = time.perf_counter()
-        for stream, out in zip(streams, outputs):
+        for stream, out in zip(streams, outputs, strict=True):
             stream.add_tokens(out[i : i + 1])
         times.append(time.perf_counter() - start)
     for stream in streams:
@@ -82,8 +82,9 @@ def main() -> None:
     slow, quick = statistics.median(runs[False]), statistics.median(runs[True])
     print(f"{args.streams} streams, ms per step (median of {args.repeats} runs of "
           f"{args.tokens} steps):")
-    print(f"  tokenizer.decode (transformers): {slow:.3f}  runs {[round(x, 3) for x in runs[False]]}")
-    print(f"  Rust decode (window_decoder):    {quick:.3f}  runs {[round(x, 3) for x in runs[True]]}")
+    for name, fast, ms in (("tokenizer.decode (transformers)", False, slow),
+                           ("Rust decode (window_decoder)", True, quick)):
+        print(f"  {name:32s} {ms:.3f}  runs {[round(x, 3) for x in runs[fast]]}")
     print(f"  ratio {slow / quick:.2f}x; texts identical")
 
 

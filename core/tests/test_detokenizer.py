@@ -7,7 +7,6 @@ import functools
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from inference_engine.detokenizer import PROMPT_CONTEXT, IncrementalDetokenizer, StopChecker
 
 TEXTS = [
@@ -224,9 +223,8 @@ def test_window_decoder_equals_the_tokenizers_decode(factory, skip):
 
 
 def test_window_decoder_keeps_a_tokenizers_own_decode():
-    from transformers import PreTrainedTokenizerFast
-
     from inference_engine.detokenizer import window_decoder
+    from transformers import PreTrainedTokenizerFast
 
     base = byte_level_tokenizer()
 
