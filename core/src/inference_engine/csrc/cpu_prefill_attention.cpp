@@ -21,6 +21,30 @@ struct Task {
   int64_t seq, head, first_query;
 };
 
+// s[rr] = the scores of query rows r0 + rr (rr < RN, d floats apart from q) against the
+// block's 16 keys (kt columns). RN is a template argument so the register block has no
+// per-row test inside the loop over d (measured: about a fifth of the kernel's samples
+// sat on those tests).
+template <int RN, int NV>
+inline void score_rows(const float* q, const float* kt, vf16* s) {
+  constexpr int64_t d = NV * 16;
+  for (int rr = 0; rr < RN; ++rr) s[rr] = vzero();
+  for (int64_t e = 0; e < d; ++e) {
+    const vf16 ke = vload(kt + e * 16);
+    for (int rr = 0; rr < RN; ++rr) s[rr] = vfmadd(vset1(q[rr * d + e]), ke, s[rr]);
+  }
+}
+
+// score_rows for a run-time rn in [1, N].
+template <int N, int NV>
+inline void score_rows_upto(int64_t rn, const float* q, const float* kt, vf16* s) {
+  if (rn == N) {
+    score_rows<N, NV>(q, kt, s);
+  } else if constexpr (N > 1) {
+    score_rows_upto<N - 1, NV>(rn, q, kt, s);
+  }
+}
+
 // One task: query tokens [q0, q1) of sequence s (positions base + i), KV head h,
 // all g query heads of it. q/out rows are [T, kvh, g, d]; NV = d / 16.
 template <typename T, int NV>
@@ -65,12 +89,7 @@ void prefill_task(const float* q, float* out, const T* kc, const T* vc, const in
       // Skip a register block whose rows all end before this key block.
       if (base + q0 + (r0 + rn - 1) / g < t0) continue;
       vf16 s[RB];
-      for (int rr = 0; rr < RB; ++rr) s[rr] = vzero();
-      for (int64_t e = 0; e < d; ++e) {
-        const vf16 ke = vload(kt_tile + e * 16);
-        for (int rr = 0; rr < RB; ++rr)
-          if (rr < rn) s[rr] = vfmadd(vset1(qs[(r0 + rr) * d + e]), ke, s[rr]);
-      }
+      score_rows_upto<RB, NV>(rn, qs.data() + r0 * d, kt_tile, s);
       for (int rr = 0; rr < rn; ++rr) {
         const int64_t r = r0 + rr;
         const int64_t pos = base + q0 + r / g;
