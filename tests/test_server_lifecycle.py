@@ -92,3 +92,29 @@ def test_sigterm_past_the_shutdown_timeout_aborts_and_exits_0(tiny_model_dirs):
     t.join(30)
     assert not t.is_alive()
     assert "aborted" in server.log() or "Cancel" in server.log()
+
+
+def test_a_port_taken_before_the_server_binds_it_is_retried(tiny_model_dirs, monkeypatch):
+    """free_port() can hand out a port that another process takes before the server binds
+    it (parallel tests); the server then exits naming the address and ServerProcess starts
+    it again on another port instead of failing the test."""
+    import socket
+
+    from inference_engine import testing
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    busy = taken.getsockname()[1]
+    real = testing.free_port
+    ports = iter([busy])
+    monkeypatch.setattr(testing, "free_port", lambda: next(ports, None) or real())
+    try:
+        proc = ServerProcess(tiny_model_dirs["qwen3"], platform=TEST_PLATFORM)
+    finally:
+        taken.close()
+    try:
+        assert proc.port != busy
+        assert httpx.get(proc.url + "/health", timeout=10).status_code == 200
+    finally:
+        assert proc.stop() == 0

@@ -256,6 +256,9 @@ def spawned_children(pid: int) -> list[int]:
     return found
 
 
+PORT_ATTEMPTS = 3  # ServerProcess: starts tried when the chosen port was taken meanwhile
+
+
 class ServerProcess:
     """``inference-engine serve`` as a subprocess on a free loopback port (tests, benchmarks).
 
@@ -276,26 +279,41 @@ class ServerProcess:
             threads: ``OMP_NUM_THREADS`` for the server (1 keeps tests from
                 fighting over cores; None leaves the default).
         """
+        threads_env = {"OMP_NUM_THREADS": str(threads)} if threads else {}
+        env = {**os.environ, **threads_env, **(env or {})}
+        extra = [*args]
+        if kv_cache_memory:
+            extra += ["--kv-cache-memory", kv_cache_memory]
+        if platform:
+            extra += ["--platform", platform]
+        # free_port() only finds a port free now: until the server binds it, another
+        # process (a parallel test's client connection, say) may be given it. Then the
+        # server exits at once naming the address, and it is started again on another.
+        for attempt in range(PORT_ATTEMPTS):
+            if self._start(model, extra, env, startup_timeout):
+                return
+            if attempt + 1 == PORT_ATTEMPTS or "address already in use" not in self.log():
+                raise RuntimeError(
+                    f"server exited with {self.proc.returncode}:\n{self.log()}")
+
+    def _start(self, model: str | Path, extra: list[str], env: dict[str, str],
+               startup_timeout: float) -> bool:
+        """Start the server on a free port; True once healthy, False if it exited."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
         command = [sys.executable, "-m", "inference_engine.cli", "serve", str(model),
-                   "--port", str(self.port), *args]
-        if kv_cache_memory:
-            command += ["--kv-cache-memory", kv_cache_memory]
-        if platform:
-            command += ["--platform", platform]
-        threads_env = {"OMP_NUM_THREADS": str(threads)} if threads else {}
+                   "--port", str(self.port), *extra]
         self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **threads_env, **(env or {})})
+                                     env=env)
         deadline = time.monotonic() + startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+                return False
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=1.0) as r:
                     if r.status == 200:
-                        return
+                        return True
             except (urllib.error.URLError, OSError):
                 pass
             time.sleep(0.2)
