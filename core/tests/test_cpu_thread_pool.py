@@ -163,7 +163,7 @@ def test_isa_key_ignores_flags_that_do_not_change_the_code(monkeypatch):
         cpu_extensions.isa_key(["avx2"]))
     assert cpu_extensions.isa_key(["avx2", "avx512_bf16"]) != cpu_extensions.isa_key(["avx2"])
     assert cpu_extensions.isa_key(["avx2", "amx_tile"]) != cpu_extensions.isa_key(["avx2"])
-    monkeypatch.setattr(cpu_extensions, "_cpu_isa_flags", lambda: ("avx2", "hypervisor"))
+    monkeypatch.setattr(cpu_extensions, "cpu_isa_flags", lambda: ("avx2", "hypervisor"))
     assert cpu_extensions.isa_key() == cpu_extensions.isa_key(["avx2"])
 
 

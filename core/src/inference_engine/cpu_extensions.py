@@ -45,7 +45,8 @@ from typing import Any
 
 __all__ = [
     "CPU_KERNELS_ENV", "CSRC_DIR", "DEFAULT_CFLAGS", "DEFAULT_LDFLAGS", "CpuKernelBuild",
-    "build_cpu_extensions", "cpu_kernels_enabled", "csrc_extension_name", "ensure_ninja_on_path",
+    "build_cpu_extensions", "cpu_isa_flags", "cpu_kernels_enabled", "csrc_extension_name",
+    "ensure_ninja_on_path",
     "extension_name", "isa_key", "load_cpu_extension_from_files", "load_cpu_kernel",
 ]
 
@@ -96,7 +97,8 @@ def _short_hash(*parts: str | bytes) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _cpu_isa_flags() -> tuple[str, ...]:
+def cpu_isa_flags() -> tuple[str, ...]:
+    """This CPU's flags as ``/proc/cpuinfo`` spells them (empty where it cannot be read)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -113,7 +115,7 @@ def isa_key(flags: Sequence[str] | None = None) -> str:
             those that change what ``-march=native`` emits count (not ``hypervisor``...).
     """
     if flags is None:
-        flags = _cpu_isa_flags()
+        flags = cpu_isa_flags()
     return _short_hash(platform.machine(), " ".join(sorted(_ISA_FLAGS.intersection(flags))))
 
 
@@ -317,9 +319,9 @@ def build_cpu_extensions(builds: Sequence[CpuKernelBuild], jobs: int | None = No
 
     A compiler process uses one core, so building one kernel after another leaves the
     others idle (the core's six kernels took 205 s one after another on a 2-core machine,
-    109 s side by side). Afterwards
-    each loader finds its module built: the same name is never built twice, and a loader
-    that asks while its kernel is being built waits for that build.
+    109 s side by side). Afterwards each loader finds its module built: the same name is
+    never built twice, and a loader that asks while its kernel is being built waits for
+    that build.
 
     Args:
         builds: the kernels.

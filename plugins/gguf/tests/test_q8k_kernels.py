@@ -13,11 +13,11 @@ import pytest
 import torch
 from gguf import quants
 from gguf.constants import GGMLQuantizationType
+from inference_engine.cpu_extensions import cpu_isa_flags
 from inference_engine.cpu_thread_pool import kernel_runner, thread_pool
 from inference_engine_gguf import q8k_kernels
 from inference_engine_gguf.quant_method import tiled_linear
 from inference_engine_gguf.testing import (
-    cpu_flags,
     cpu_has_avx2,
     q8k_matmul_reference,
     q80_matmul_reference,
@@ -31,7 +31,7 @@ K_QUANTS = sorted(q8k_kernels.Q8K_TYPES)
 
 
 
-CPU_FLAGS = cpu_flags()
+CPU_FLAGS = set(cpu_isa_flags())
 HAS_AVX2 = cpu_has_avx2()
 
 

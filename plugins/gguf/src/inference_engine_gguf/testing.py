@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import torch
 from gguf import quants
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from inference_engine.cpu_extensions import cpu_isa_flags
 
 from inference_engine_gguf.cpu_kernels import ggml_build
 from inference_engine_gguf.q8k_kernels import Q8K_BUILD
 
 __all__ = ["AVX2_Q8K_BUILD", "F16_FIELDS", "PORTABLE_Q8K_BUILD", "block32_matmul_reference",
-           "block32_quants_numpy", "cpu_flags", "cpu_has_avx2", "iq4_xs_matmul_reference",
+           "block32_quants_numpy", "cpu_has_avx2", "iq4_xs_matmul_reference",
            "q80_matmul_reference", "q8k_matmul_reference", "quantize_q8_0_numpy",
            "quantize_q8_1_numpy", "quantize_q8_k_numpy", "random_ggml_rows"]
 
@@ -29,21 +28,9 @@ AVX2_Q8K_BUILD = ggml_build("inference_engine_gguf_q8k_avx2_test", Q8K_BUILD.sou
                             "the Q8_K kernel for AVX2 (test)", ("-mno-avx512f",))
 
 
-
-def cpu_flags() -> set[str]:
-    """This CPU's feature flags from ``/proc/cpuinfo`` (empty where there is none)."""
-    if not os.path.exists("/proc/cpuinfo"):
-        return set()
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    return set()
-
-
 def cpu_has_avx2() -> bool:
     """Whether :data:`AVX2_Q8K_BUILD` can run here (its code needs AVX2, FMA and F16C)."""
-    return {"avx2", "fma", "f16c"} <= cpu_flags()
+    return {"avx2", "fma", "f16c"} <= set(cpu_isa_flags())
 
 
 # Byte ranges of each block type that hold float16 scales (kept finite in random rows).
