@@ -189,7 +189,8 @@ class ModelRunner:
         self.buffers = StepInputBuffers(max_num_batched_tokens + max_num_seqs, max_num_seqs,
                                         self.max_blocks_per_seq, self.device,
                                         platform.pinned_memory(),
-                                        sample_width=1 + num_speculative_tokens)
+                                        sample_width=1 + num_speculative_tokens,
+                                        record_event=platform.record_event)
         self._graphs: dict[int, _DecodeGraph] = {}
         self._graph_sizes: list[int] = []
         # An encoder-decoder model is told each step's requests before its forward.
@@ -306,6 +307,7 @@ class ModelRunner:
     def _fill(self, batch: StepBatch) -> tuple[int, np.ndarray]:
         """Write the step's inputs into the host buffers; returns (tokens, query offsets)."""
         buf = self.buffers
+        buf.begin_step()
         n = len(batch.query_lens)
         bs = self.block_size
         q = np.asarray(batch.query_lens, dtype=np.int64)
@@ -392,6 +394,7 @@ class ModelRunner:
 
     def _fill_padding_step(self, size: int) -> None:
         """Host and device buffers of a decode step whose ``size`` rows are all padding."""
+        self.buffers.begin_step()
         self.buffers.host_view("query_start_loc", 1)[0] = 0
         self._pad_rows(0, size)
         self.buffers.host_tables(size)[:] = 0
