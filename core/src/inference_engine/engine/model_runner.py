@@ -238,14 +238,23 @@ class ModelRunner:
         if slot_pairs:
             self.state_pool.copy_slots(slot_pairs)
 
+    def _fill_state_slots(self, batch: StepBatch) -> None:
+        """Write the step's per-sequence state slots into the host buffers (with a state pool)."""
+        if self.state_pool is None:
+            return
+        n = len(batch.query_lens)
+        view = self.buffers.host_view("state_slots", n)
+        if batch.state_slots is not None:
+            view[:] = batch.state_slots
+        else:  # a dummy (profiling) step may hold more sequences than slots: they share them
+            np.remainder(np.arange(n), self.state_pool.num_slots, out=view)
+
     def _state_slots(self, batch: StepBatch) -> torch.Tensor | None:
-        """The step's ``[num_seqs]`` state slots on the device (None without a state pool)."""
+        """The step's ``[num_seqs]`` state slots on the device (None without a state pool),
+        uploaded with the step's other inputs."""
         if self.state_pool is None:
             return None
-        # A dummy (profiling) step may hold more sequences than slots: they share them.
-        slots = (batch.state_slots if batch.state_slots is not None
-                 else [i % self.state_pool.num_slots for i in range(len(batch.query_lens))])
-        return torch.tensor(list(slots), dtype=torch.int64).to(self.device, non_blocking=True)
+        return self.buffers.device_view("state_slots", len(batch.query_lens))
 
     def graphs_possible(self) -> tuple[bool, str]:
         """Whether decode steps can be captured here, and if not why."""
@@ -345,6 +354,7 @@ class ModelRunner:
         np.remainder(positions, bs, out=slot_offsets)
         np.add(slot_blocks * bs, slot_offsets, out=buf.host_view("slot_mapping", total))
         np.add(c, q, out=buf.host_view("seq_lens", n))
+        self._fill_state_slots(batch)
         rows = batch.sample_rows
         if batch.num_spec_tokens is None:
             buf.host_view("sample_index", len(rows))[:] = cu[1:][rows] - 1

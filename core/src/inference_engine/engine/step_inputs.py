@@ -32,7 +32,7 @@ __all__ = ["StepInputBuffers"]
 # up to the end of the rows it uses.
 FIELDS = ("input_ids", "positions", "slot_mapping", "slot_blocks", "slot_offsets",
           "query_start_loc", "seq_lens", "sample_index", "pending_index", "pending_source",
-          "block_tables")
+          "state_slots", "block_tables")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +69,7 @@ class StepInputBuffers:
             "input_ids": max_tokens, "positions": max_tokens, "slot_mapping": max_tokens,
             "slot_blocks": max_tokens, "slot_offsets": max_tokens,
             "query_start_loc": max_seqs + 1, "seq_lens": max_seqs, "sample_index": max_seqs * sample_width,
-            "pending_index": max_seqs, "pending_source": max_seqs,
+            "pending_index": max_seqs, "pending_source": max_seqs, "state_slots": max_seqs,
             "block_tables": max_seqs * max_blocks_per_seq,
         }
         self.spans: dict[str, _Span] = {}
