@@ -11,7 +11,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import torch
-
 from inference_engine.engine.step_inputs import StepInputBuffers
 
 

@@ -68,7 +68,8 @@ class StepInputBuffers:
         sizes = {
             "input_ids": max_tokens, "positions": max_tokens, "slot_mapping": max_tokens,
             "slot_blocks": max_tokens, "slot_offsets": max_tokens,
-            "query_start_loc": max_seqs + 1, "seq_lens": max_seqs, "sample_index": max_seqs * sample_width,
+            "query_start_loc": max_seqs + 1, "seq_lens": max_seqs,
+            "sample_index": max_seqs * sample_width,
             "pending_index": max_seqs, "pending_source": max_seqs, "state_slots": max_seqs,
             "block_tables": max_seqs * max_blocks_per_seq,
         }
