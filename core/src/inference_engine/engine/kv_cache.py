@@ -251,6 +251,10 @@ class BlockManager:
 
     def allocate(self, request_id: str, num_tokens: int) -> bool:
         """Grow the request's table to hold ``num_tokens``; False (and no change) if full."""
+        if self.state_slots is None:  # the common decode step: its blocks hold it already
+            table = self.req_blocks.get(request_id)
+            if table is not None and len(table) * self.block_size >= num_tokens:
+                return True
         need = self.blocks_needed(request_id, num_tokens)
         if need > self.num_free_blocks:
             return False

@@ -901,22 +901,30 @@ class LLMEngine:
         if step.event is not None:
             step.event.synchronize()
         token_ids = step.host.tolist()
+        # Looked up once per step: this loop runs for every sampling row.
+        accept = self.structured.accept if self.structured.num_active else None
+        logprobs = step.logprobs
+        check_stop = self._check_stop
+        finished = RequestStatus.FINISHED
+        num_applied = 0
         for row, state in enumerate(step.sampling):
             request = state.request
-            if request.is_finished:
+            if request.status is finished:
                 # Ended (stop, abort) while this token was on the device: it is dropped.
                 request.num_pending_tokens = 0
                 continue
             token = token_ids[row]
             request.append_token(token)
-            self.structured.accept(request.request_id, token)
-            if state.logprobs is not None and step.logprobs is not None:
-                state.logprobs.append(step.logprobs[row])
-            self.num_generated_tokens += 1
-            self._check_stop(state, token)
-            if request.is_finished:
+            if accept is not None:
+                accept(request.request_id, token)
+            if state.logprobs is not None and logprobs is not None:
+                state.logprobs.append(logprobs[row])
+            num_applied += 1
+            check_stop(state, token)
+            if request.status is finished:
                 request.num_pending_tokens = 0
             touched[state.group.request_id] = state.group
+        self.num_generated_tokens += num_applied
 
     def _add_prompt_logprobs(self, scheduled: Any, logits: torch.Tensor) -> None:
         from inference_engine.sampling.logprobs import prompt_logprobs
@@ -942,8 +950,7 @@ class LLMEngine:
         detok = state.detokenizer
         params = request.params
         num_out = len(request.output_token_ids)
-        is_eos = token in request.eos_token_ids and num_out > params.min_tokens - 1
-        stop_strings = params.stop or []
+        stop_strings = params.stop
         if stop_strings or not state.group.final_only:
             detok.add_tokens([token])  # else _group_output catches up once, at the end
         if stop_strings and num_out >= params.min_tokens:
@@ -957,12 +964,11 @@ class LLMEngine:
                 self.scheduler.finish(request, FinishReason.STOP, stop)
                 return
             state.checked_len = len(detok.text)
-        if is_eos:
+        if token in request.eos_token_ids and num_out > params.min_tokens - 1:
             stop_reason = token if token in (params.stop_token_ids or ()) else None
             self.scheduler.finish(request, FinishReason.STOP, stop_reason)
             detok.flush()
-        elif (num_out >= request.max_new_tokens()
-              or len(request.all_token_ids) >= self.max_model_len):
+        elif num_out >= state.max_new_tokens or len(request.all_token_ids) >= self.max_model_len:
             self.scheduler.finish(request, FinishReason.LENGTH)
             detok.flush()
 

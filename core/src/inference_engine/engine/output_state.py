@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from inference_engine.engine.request import Request
+from inference_engine.engine.request import Request, RequestStatus
 
 __all__ = ["RequestGroup", "SequenceState", "StopPrefixes"]
 
@@ -77,8 +77,11 @@ class SequenceState:
     # Characters and tokens already reported (outputs of RequestOutputKind.DELTA requests).
     reported_chars: int = 0
     reported_tokens: int = 0
+    # ``request.max_new_tokens()`` (fixed once the request is made), read at every token.
+    max_new_tokens: int = field(init=False)
 
     def __post_init__(self) -> None:
+        self.max_new_tokens = self.request.max_new_tokens()
         if self.request.params.logprobs is not None and self.logprobs is None:
             self.logprobs = []
         if self.request.params.stop and self.stop_prefixes is None:
@@ -109,4 +112,7 @@ class RequestGroup:
 
     @property
     def finished(self) -> bool:
-        return all(c.request.is_finished for c in self.children)
+        children = self.children
+        if len(children) == 1:  # n = 1, the common case, asked about every step
+            return children[0].request.status is RequestStatus.FINISHED
+        return all(c.request.is_finished for c in children)

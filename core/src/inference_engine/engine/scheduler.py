@@ -168,7 +168,9 @@ class Scheduler:
                 num_spec = max(0, min(num_spec, budget - remaining)) if remaining == 1 else 0
                 del request.spec_token_ids[num_spec:]
             num_new = min(remaining + num_spec, budget)
-            target = self._slots_needed(request, num_new, num_new == remaining + num_spec)
+            samples = num_new == remaining + num_spec
+            target = (request.num_computed_tokens + num_new if not self.num_lookahead_slots
+                      else self._slots_needed(request, num_new, samples))
             while not self.blocks.allocate(request.request_id, target):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -177,8 +179,7 @@ class Scheduler:
                     break
             if request.status is RequestStatus.PREEMPTED:
                 break
-            scheduled.append(ScheduledRequest(request, num_new, num_new == remaining + num_spec,
-                                              num_spec_tokens=num_spec))
+            scheduled.append(ScheduledRequest(request, num_new, samples, num_spec_tokens=num_spec))
             budget -= num_new
             i += 1
 
@@ -230,12 +231,12 @@ class Scheduler:
             budget -= num_new
         self.waiting.extendleft(reversed(lora_skipped))
 
+        req_blocks = self.blocks.req_blocks
         for s in scheduled:
             if s.request.diffusion is not None:
                 s.samples = False  # block diffusion samples in DENOISE, not after ENCODE
-        scheduled.sort(key=lambda s: s.num_new_tokens != 1)
-        for s in scheduled:
-            s.block_ids = self.blocks.req_blocks[s.request.request_id]
+            s.block_ids = req_blocks[s.request.request_id]
+        scheduled.sort(key=_multi_token_last)
         out.scheduled = scheduled
         return out
 
@@ -278,14 +279,24 @@ class Scheduler:
 
     def update_after_step(self, out: SchedulerOutput) -> None:
         """Advance computed counts and register newly full blocks for prefix reuse."""
+        hashing = self.blocks.enable_prefix_caching
+        bs = self.blocks.block_size
+        finished = RequestStatus.FINISHED
         for s in out.scheduled:
             request = s.request
-            if request.is_finished or s.is_denoise:
+            if request.status is finished or s.is_denoise:
                 continue
             request.num_computed_tokens += s.num_new_tokens
-            if s.num_spec_tokens:
+            if s.num_spec_tokens or not hashing:
                 continue  # unverified drafts: hashed after rollback_rejected
+            if s.num_new_tokens == 1 and request.num_computed_tokens % bs:
+                continue  # a decode step that filled no block (the next full one catches up)
             self.blocks.cache_full_blocks(
                 request.request_id, request.all_token_ids, request.num_computed_tokens,
                 request.prefix_salt
             )
+
+
+def _multi_token_last(s: ScheduledRequest) -> bool:
+    """Sort key putting single-token queries first (decodes, then chunks: what backends expect)."""
+    return s.num_new_tokens != 1

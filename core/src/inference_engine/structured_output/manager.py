@@ -95,6 +95,11 @@ class StructuredOutputManager:
                  return_when=FIRST_COMPLETED)
 
     # ---- per step ---------------------------------------------------------------------
+    @property
+    def num_active(self) -> int:
+        """Sequences with a matcher (a compiled grammar): 0 lets a step skip per-token calls."""
+        return len(self._matchers)
+
     def has_matcher(self, seq_id: str) -> bool:
         return seq_id in self._matchers
 
