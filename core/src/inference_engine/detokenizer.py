@@ -14,6 +14,7 @@ turning " ." into ".") can differ from ``decode(all)`` at window edges.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -57,24 +58,25 @@ class IncrementalDetokenizer:
                  skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
-        self._decode = window_decoder(tokenizer, skip_special_tokens)
+        # Windows are always lists here, so the Rust decode is called without a wrapper.
+        self._decode = (_rust_window_decoder(tokenizer, skip_special_tokens)
+                        or window_decoder(tokenizer, skip_special_tokens))
         # Skipped special tokens add no text: keep them out of the window, so a
         # run of them does not grow it.
         self._skipped_ids = _skipped_special_ids(tokenizer) if skip_special_tokens else frozenset()
         context = self._kept(prompt_token_ids)
-        # Window of recent ids: [prefix, read) is emitted context, [read, end) pending.
+        # Window of recent ids: [0, read) is emitted context, [read, end) pending.
         self._ids: list[int] = context[-PROMPT_CONTEXT:] if context else []
-        self._prefix = 0
         self._read = len(self._ids)
-        self._pieces: list[str] = []
+        # Grows by each emission (read every step by a stream or a stop-string check; a
+        # final-only request emits once, at the end).
+        self._text = ""
         self.num_output_tokens = 0
 
     @property
     def text(self) -> str:
         """All text emitted so far."""
-        if len(self._pieces) > 1:
-            self._pieces = ["".join(self._pieces)]
-        return self._pieces[0] if self._pieces else ""
+        return self._text
 
     @property
     def num_pending_tokens(self) -> int:
@@ -92,24 +94,33 @@ class IncrementalDetokenizer:
         self.num_output_tokens += len(token_ids)
         return self._emit(force=False)
 
+    def add_token(self, token_id: int) -> str:
+        """:meth:`add_tokens` of one token (the per-step call of a streaming request)."""
+        if token_id not in self._skipped_ids:
+            self._ids.append(token_id)
+        self.num_output_tokens += 1
+        return self._emit(force=False)
+
     def flush(self) -> str:
         """End of output: emit whatever is held back, even an incomplete character."""
         return self._emit(force=True)
 
     def _emit(self, force: bool) -> str:
-        if self._read == len(self._ids):
+        ids, read = self._ids, self._read
+        if read == len(ids):
             return ""
-        prefix_text = self._decode(self._ids[self._prefix : self._read])
-        full_text = self._decode(self._ids[self._prefix :])
+        # The window's left context starts at 0: each emission drops what came before it.
+        prefix_text = self._decode(ids[:read])
+        full_text = self._decode(ids)
         is_ready = len(full_text) > len(prefix_text) and not full_text.endswith(REPLACEMENT)
-        if not (is_ready or force or self.num_pending_tokens >= MAX_PENDING):
+        if not (is_ready or force or len(ids) - read >= MAX_PENDING):
             return ""
         delta = full_text[len(prefix_text) :]
         # The new tokens become the next window's left context.
-        del self._ids[: self._read]
-        self._prefix, self._read = 0, len(self._ids)
+        del ids[:read]
+        self._read = len(ids)
         if delta:
-            self._pieces.append(delta)
+            self._text += delta
         return delta
 
 
@@ -137,6 +148,17 @@ def window_decoder(tokenizer: Any, skip_special_tokens: bool) -> Callable[[Seque
         return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     return general
+
+
+def _rust_window_decoder(tokenizer: Any, skip_special_tokens: bool
+                         ) -> Callable[[list[int]], str] | None:
+    """The Rust tokenizer's ``decode`` of a list, bound to ``skip_special_tokens`` (no Python
+    frame per call), where :func:`window_decoder` would call it; None otherwise."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is None or not _plain_fast_decode(type(tokenizer)) or getattr(
+            tokenizer, "clean_up_tokenization_spaces", True):
+        return None
+    return functools.partial(backend.decode, skip_special_tokens=skip_special_tokens)
 
 
 _PLAIN_DECODE: dict[type, bool] = {}
@@ -189,6 +211,10 @@ class NoTextDetokenizer:
 
     def add_tokens(self, token_ids: Sequence[int]) -> str:
         self.num_output_tokens += len(token_ids)
+        return ""
+
+    def add_token(self, token_id: int) -> str:
+        self.num_output_tokens += 1
         return ""
 
     def flush(self) -> str:

@@ -952,7 +952,7 @@ class LLMEngine:
         num_out = len(request.output_token_ids)
         stop_strings = params.stop
         if stop_strings or not state.group.final_only:
-            detok.add_tokens([token])  # else _group_output catches up once, at the end
+            detok.add_token(token)  # else _group_output catches up once, at the end
         if stop_strings and num_out >= params.min_tokens:
             from inference_engine.detokenizer import find_stop
 
@@ -974,8 +974,11 @@ class LLMEngine:
 
     def _group_output(self, group: RequestGroup) -> RequestOutput:
         completions = []
+        error = None
         for child in group.children:
             request, detok = child.request, child.detokenizer
+            if error is None:
+                error = child.error
             missing = len(request.output_token_ids) - detok.num_output_tokens
             if missing > 0:  # a final_only request's text, decoded at once
                 detok.add_tokens(request.output_token_ids[-missing:])
@@ -994,13 +997,12 @@ class LLMEngine:
                 CompletionOutput(
                     index=child.index,
                     text=text[chars:],
-                    token_ids=list(request.output_token_ids[tokens:]),
-                    logprobs=list(child.logprobs[tokens:]) if child.logprobs is not None else None,
+                    token_ids=request.output_token_ids[tokens:],  # a slice is a copy already
+                    logprobs=child.logprobs[tokens:] if child.logprobs is not None else None,
                     finish_reason=request.finish_reason.value if request.finish_reason else None,
                     stop_reason=request.stop_reason,
                 )
             )
-        errors = [c.error for c in group.children if c.error is not None]
         prompt_logprobs = group.children[0].prompt_logprobs
         if group.delta:
             prompt_logprobs = None if group.reported_prompt else prompt_logprobs
@@ -1013,7 +1015,7 @@ class LLMEngine:
             finished=group.finished,
             prompt_logprobs=prompt_logprobs,
             num_cached_tokens=group.num_cached_tokens,
-            error=errors[0] if errors else None,
+            error=error,
         )
 
     # ---- stats ----------------------------------------------------------------

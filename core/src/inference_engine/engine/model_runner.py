@@ -15,6 +15,7 @@ query, no context, slot -1, so they write nothing).
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import time
 from collections.abc import Sequence
@@ -88,45 +89,50 @@ class StepBatch:
         """The step of ``out``; ``pending_source`` maps a request id to its row of
         ``pending_ids`` (the previous step's sampled ids) for requests with a pending token."""
         scheduled = out.scheduled
-        if block_lists is None:
-            block_lists = [s.block_ids for s in scheduled]
-        pending_rows = []
-        if pending_source:
-            pending_rows = [(i, pending_source[s.request.request_id])
-                            for i, s in enumerate(scheduled) if s.request.num_pending_tokens]
-        spec = [s.num_spec_tokens for s in scheduled]
-        has_spec = any(spec)
+        # One pass over the rows (this runs every step for every running request).
+        token_ids: list[Sequence[int]] = []
+        num_computed: list[int] = []
+        query_lens: list[int] = []
+        sample_rows: list[int] = []
+        prompt_rows: list[int] = []
+        pending_rows: list[tuple[int, int]] = []
+        spec: list[int] = []
+        encoder_inputs: list[Any] = []
+        for i, s in enumerate(scheduled):
+            request = s.request
+            computed = request.num_computed_tokens
+            token_ids.append(request.all_token_ids + request.spec_token_ids[: s.num_spec_tokens]
+                             if s.num_spec_tokens else request.all_token_ids)
+            num_computed.append(computed)
+            query_lens.append(s.num_new_tokens)
+            spec.append(s.num_spec_tokens)
+            if s.samples:
+                sample_rows.append(i)
+            if (request.params.prompt_logprobs is not None
+                    and computed < request.num_prompt_tokens):
+                prompt_rows.append(i)
+            if pending_source and request.num_pending_tokens:
+                pending_rows.append((i, pending_source[request.request_id]))
+            # Encoder inputs of sequences with no computed context (their first step, or
+            # the first after a preemption): the encoder fills their state slots now.
+            encoder_inputs.append(request.encoder_inputs if computed == 0 else None)
         return cls(
-            token_ids=[s.request.all_token_ids + s.request.spec_token_ids[: s.num_spec_tokens]
-                       if s.num_spec_tokens else s.request.all_token_ids for s in scheduled],
-            num_computed=[s.request.num_computed_tokens for s in scheduled],
-            query_lens=[s.num_new_tokens for s in scheduled],
-            block_lists=block_lists,
-            sample_rows=[i for i, s in enumerate(scheduled) if s.samples],
-            prompt_rows=[
-                i for i, s in enumerate(scheduled)
-                if s.request.params.prompt_logprobs is not None
-                and s.request.num_computed_tokens < s.request.num_prompt_tokens
-            ],
+            token_ids=token_ids,
+            num_computed=num_computed,
+            query_lens=query_lens,
+            block_lists=[s.block_ids for s in scheduled] if block_lists is None else block_lists,
+            sample_rows=sample_rows,
+            prompt_rows=prompt_rows,
             pending_rows=pending_rows,
             pending_ids=pending_ids if pending_rows else None,
-            num_spec_tokens=spec if has_spec else None,
-            **_encoder_fields(scheduled),
+            num_spec_tokens=spec if any(spec) else None,
+            encoder_inputs=(encoder_inputs if any(x is not None for x in encoder_inputs)
+                            else None),
         )
 
     @property
     def is_pure_decode(self) -> bool:
         return not self.prompt_rows and all(q == 1 for q in self.query_lens)
-
-
-def _encoder_fields(scheduled: Sequence[Any]) -> dict[str, Any]:
-    """StepBatch's encoder inputs: those of sequences with no computed context (their first
-    step, or the first after a preemption), whose state slots the encoder fills now."""
-    inputs = [s.request.encoder_inputs if s.request.num_computed_tokens == 0 else None
-              for s in scheduled]
-    if all(x is None for x in inputs):
-        return {}
-    return {"encoder_inputs": inputs}
 
 
 def attention_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -325,15 +331,15 @@ class ModelRunner:
         cu[0] = 0
         np.cumsum(q, out=cu[1:])
         total = int(cu[-1])
-        ids = buf.host_view("input_ids", total)
-        pos = 0
+        # Gathered into one list and written at once (a numpy store per row costs more).
+        values: list[int] = []
         for tokens, nc, ql in zip(batch.token_ids, batch.num_computed, batch.query_lens,
                                   strict=True):
             if ql > 1:
-                ids[pos : pos + ql] = tokens[nc : nc + ql]
+                values += tokens[nc : nc + ql]
             else:  # a pending token (not on the host yet) is filled in on the device
-                ids[pos] = tokens[nc] if nc < len(tokens) else 0
-            pos += ql
+                values.append(tokens[nc] if nc < len(tokens) else 0)
+        buf.host_view("input_ids", total)[:] = values
         if batch.pending_rows:
             pending = np.asarray(batch.pending_rows, dtype=np.int64)
             buf.host_view("pending_index", len(pending))[:] = cu[pending[:, 0]]
@@ -342,11 +348,16 @@ class ModelRunner:
         positions = buf.host_view("positions", total)
         np.subtract(np.arange(total), cu[:-1][req_index], out=positions)
         positions += c[req_index]
-        width = max(len(b) for b in batch.block_lists)
+        # Every row's blocks in one scatter: row i's j-th block goes to tables[i, j].
+        lens = np.fromiter(map(len, batch.block_lists), dtype=np.int64, count=n)
+        num_entries = int(lens.sum())
         tables = buf.host_tables(n)
-        tables[:, :width] = 0
-        for i, blocks in enumerate(batch.block_lists):
-            tables[i, : len(blocks)] = blocks
+        tables[:, : int(lens.max())] = 0
+        table_rows = np.repeat(np.arange(n), lens)
+        table_cols = np.arange(num_entries) - np.repeat(np.cumsum(lens) - lens, lens)
+        tables[table_rows, table_cols] = np.fromiter(
+            itertools.chain.from_iterable(batch.block_lists), dtype=tables.dtype,
+            count=num_entries)
         slot_blocks = buf.host_view("slot_blocks", total)
         slot_offsets = buf.host_view("slot_offsets", total)
         np.floor_divide(positions, bs, out=slot_offsets)

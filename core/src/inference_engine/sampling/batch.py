@@ -35,6 +35,15 @@ def derive_seed(seed: int, num_sampled: int) -> int:
     return (x ^ (x >> 31)) & ((1 << 63) - 1)
 
 
+def _plain_greedy(p: SamplingParams) -> bool:
+    """Whether a row of ``p`` is a bare argmax whatever its history: one test per row, so
+    the common all-greedy step skips gathering each field separately."""
+    return (p.temperature < GREEDY_EPS and p.repetition_penalty == 1.0
+            and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0 and not p.min_tokens
+            and not p.bad_words_token_ids and p.allowed_token_ids is None and not p.logit_bias
+            and p.logprobs is None)
+
+
 @dataclass(slots=True)
 class SamplingBatch:
     """What the sampler needs for one step, one row per sequence that samples.
@@ -128,6 +137,8 @@ class SamplingBatch:
             The batch.
         """
         num_rows = len(params)
+        if token_bitmask is None and all(_plain_greedy(p) for p in params):
+            return cls(num_rows, vocab_size, is_plain_greedy=True, all_greedy=True)
         greedy = [p.temperature < GREEDY_EPS for p in params]
         all_greedy = all(greedy)
         rep_rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
