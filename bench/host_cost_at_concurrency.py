@@ -93,12 +93,15 @@ def main() -> None:
     parser.add_argument("--requests", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--tokens", type=int, default=65, help="output tokens per request")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--async-scheduling", action="store_true",
+                        help="schedule step N+1 before reading step N back (a GPU's default)")
     args = parser.parse_args()
     torch.set_flush_denormal(True)
     with tempfile.TemporaryDirectory() as path:
         build(path, 8)
         llm = LLM(path, dtype="bfloat16", show_progress=False, enable_prefix_caching=False,
-                  platform="cpu", max_num_seqs=max(args.requests), num_scheduler_steps=1)
+                  platform="cpu", max_num_seqs=max(args.requests), num_scheduler_steps=1,
+                  async_scheduling=args.async_scheduling)
         work = DeviceWork(llm)
         run(llm, work, "final", 8, 4)  # warm-up
         print(f"host ms per steady decode step (step wall minus forward, LM head and "

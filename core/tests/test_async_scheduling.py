@@ -43,6 +43,18 @@ def test_every_sampling_feature_gives_the_synchronous_outputs(model_path):
     assert _outputs(run_ahead, PROMPTS, params) == _outputs(sync, PROMPTS, params)
 
 
+def test_rows_that_run_ahead_count_their_pending_token(model_path):
+    # No row reads its history on the host (no logprobs, penalties or grammar), so every
+    # step runs ahead: a seeded draw's number and min_tokens count the token on the device.
+    params = [SamplingParams(temperature=0.9, max_tokens=14, seed=5, min_tokens=10),
+              SamplingParams(temperature=0.8, top_k=8, max_tokens=11, seed=2),
+              SamplingParams(temperature=0.0, max_tokens=12, min_tokens=7),
+              SamplingParams(temperature=1.1, max_tokens=9, seed=11, stop=["e"], min_tokens=4),
+              SamplingParams(temperature=0.7, max_tokens=10, seed=9, n=2)]
+    sync, run_ahead = _pair(model_path, block_size=4)
+    assert _outputs(run_ahead, PROMPTS, params) == _outputs(sync, PROMPTS, params)
+
+
 def test_preemption_and_chunking_give_the_synchronous_outputs(model_path):
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     # 10 blocks of 4 tokens for 5 requests of up to ~30 tokens: preemption is forced.

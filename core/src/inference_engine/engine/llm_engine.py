@@ -18,7 +18,7 @@ from inference_engine.engine.held_samples import HeldSamples
 from inference_engine.engine.kv_cache import BlockManager, KVCachePool, log_capacity
 from inference_engine.engine.loader import load_model
 from inference_engine.engine.model_runner import ModelRunner, StepBatch
-from inference_engine.engine.output_state import RequestGroup, SequenceState
+from inference_engine.engine.output_state import OutputsWithPending, RequestGroup, SequenceState
 from inference_engine.engine.prompt_fork import PromptForks
 from inference_engine.engine.request import FinishReason, Request, RequestStatus
 from inference_engine.engine.multi_step import MultiStepPlanner
@@ -778,7 +778,7 @@ class LLMEngine:
         sample_batch = SamplingBatch.from_rows(
             [r.params for r in requests],
             # Pending tokens count: the seeded draw number and min_tokens are lengths.
-            [r.output_token_ids + [-1] * r.num_pending_tokens if r.num_pending_tokens
+            [OutputsWithPending(r.output_token_ids, r.num_pending_tokens) if r.num_pending_tokens
              else r.output_token_ids for r in requests],
             vocab_size=sample_logits.shape[1],
             device=sample_logits.device,

@@ -15,7 +15,7 @@ from typing import Any
 
 from inference_engine.engine.request import Request, RequestStatus
 
-__all__ = ["RequestGroup", "SequenceState", "StopPrefixes"]
+__all__ = ["OutputsWithPending", "RequestGroup", "SequenceState", "StopPrefixes"]
 
 
 class StopPrefixes:
@@ -51,6 +51,31 @@ class StopPrefixes:
                 self.lengths[i] = k
             self.scanned = len(text)
         return max(self.lengths, default=0)
+
+
+class OutputsWithPending(Sequence[int]):
+    """A request's output ids followed by ``-1`` for each token still on the device (async
+    scheduling), without copying the ids: the sampler reads their length every step (the
+    seeded draw number, min_tokens) and their values only where no token is pending."""
+
+    __slots__ = ("_ids", "_num_pending")
+
+    def __init__(self, ids: list[int], num_pending: int) -> None:
+        self._ids = ids
+        self._num_pending = num_pending
+
+    def __len__(self) -> int:
+        return len(self._ids) + self._num_pending
+
+    def __getitem__(self, index: int | slice) -> int | list[int]:  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        size = len(self)
+        if index < 0:
+            index += size
+        if not 0 <= index < size:
+            raise IndexError("output index out of range")
+        return self._ids[index] if index < len(self._ids) else -1
 
 
 @dataclass(eq=False)
