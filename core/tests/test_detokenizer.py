@@ -52,10 +52,15 @@ def metaspace_tokenizer():
 
 
 def stream(detok: IncrementalDetokenizer, token_ids: list[int], chunks: list[int]) -> list[str]:
-    """Feed ``token_ids`` in chunks of the given sizes; return every emitted delta."""
+    """Feed ``token_ids`` in chunks of the given sizes, then one at a time (``add_token``, the
+    engine's per-step call); return every emitted delta."""
     deltas, at, sizes = [], 0, iter(chunks)
     while at < len(token_ids):
-        size = next(sizes, 1)
+        size = next(sizes, None)
+        if size is None:
+            deltas.append(detok.add_token(token_ids[at]))
+            at += 1
+            continue
         deltas.append(detok.add_tokens(token_ids[at : at + size]))
         at += size
     return deltas
@@ -122,6 +127,53 @@ def test_metaspace_random_streams_keep_spaces_between_tokens(output, chunks, pro
     tokenizer = metaspace_tokenizer()
     output = [t % len(tokenizer) for t in output]
     check_stream(tokenizer, tokenizer.encode(prompt), output, chunks, skip)
+
+
+@SETTINGS
+@given(
+    output=st.lists(st.integers(0, 319), max_size=40),
+    prompt=st.sampled_from(PROMPTS),
+    skip=st.booleans(),
+)
+def test_byte_level_token_by_token_through_the_decode_stream(output, prompt, skip):
+    # One token at a time, as the engine streams: tokenizers' DecodeStream decodes the window.
+    tokenizer = byte_level_tokenizer()
+    output = [t % len(tokenizer) for t in output]
+    prompt_ids = tokenizer.encode(prompt)
+    assert IncrementalDetokenizer(tokenizer, prompt_ids, skip)._stream is not None
+    expected = check_stream(tokenizer, prompt_ids, output, [], skip)
+    assert expected == tokenizer.decode(output, skip_special_tokens=skip)
+
+
+@SETTINGS
+@given(
+    output=st.lists(st.integers(0, 149), max_size=40),
+    prompt=st.sampled_from(["", "hello", "the quick brown"]),
+    skip=st.booleans(),
+)
+def test_metaspace_token_by_token_through_the_decode_stream(output, prompt, skip):
+    tokenizer = metaspace_tokenizer()
+    output = [t % len(tokenizer) for t in output]
+    prompt_ids = tokenizer.encode(prompt)
+    assert IncrementalDetokenizer(tokenizer, prompt_ids, skip)._stream is not None
+    check_stream(tokenizer, prompt_ids, output, [], skip)
+
+
+def test_invalid_bytes_are_released_after_max_pending_tokens_one_at_a_time():
+    # A run of lone UTF-8 continuation bytes never completes a character: past MAX_PENDING
+    # tokens the text is emitted anyway (U+FFFD included), token by token as in bulk.
+    from inference_engine.detokenizer import MAX_PENDING
+
+    tokenizer = byte_level_tokenizer()
+    byte_id = tokenizer.convert_tokens_to_ids("\u0122")  # GPT-2's symbol for byte 0x80
+    assert tokenizer.decode([byte_id]) == "\ufffd"
+    output = [byte_id] * (MAX_PENDING + 5)
+    detok = IncrementalDetokenizer(tokenizer, tokenizer.encode("ok "))
+    deltas = [detok.add_token(t) for t in output]
+    assert all(d == "" for d in deltas[: MAX_PENDING - 1])
+    assert any(deltas[MAX_PENDING - 1 :])
+    detok.flush()
+    assert detok.text == tokenizer.decode(output)
 
 
 def test_split_emoji_is_held_back_until_complete():

@@ -4,7 +4,10 @@
 decodes a short window of recent tokens twice, without and with the new ones,
 and emits the difference. Decoding a window (not single tokens) keeps merges,
 added/stripped spaces (SentencePiece's leading space) and multi-byte characters
-right; cost per token depends on the window, not on the output length.
+right; cost per token depends on the window, not on the output length. For a plain
+transformers fast tokenizer the per-token call (``add_token``) runs that same window
+through ``tokenizers.decoders.DecodeStream`` (one call into Rust instead of two decodes);
+the window is still kept here, so ``flush`` and the fallbacks continue from the same state.
 
 NOTE: like vLLM, this assumes decoding is local: text decoded from a window
 is what the same tokens contribute inside the whole output. Tokenizers whose
@@ -14,7 +17,6 @@ turning " ." into ".") can differ from ``decode(all)`` at window edges.
 
 from __future__ import annotations
 
-import functools
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -59,8 +61,7 @@ class IncrementalDetokenizer:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         # Windows are always lists here, so the Rust decode is called without a wrapper.
-        self._decode = (_rust_window_decoder(tokenizer, skip_special_tokens)
-                        or window_decoder(tokenizer, skip_special_tokens))
+        self._decode = _list_decoder(tokenizer, skip_special_tokens)
         # Skipped special tokens add no text: keep them out of the window, so a
         # run of them does not grow it.
         self._skipped_ids = _skipped_special_ids(tokenizer) if skip_special_tokens else frozenset()
@@ -72,6 +73,10 @@ class IncrementalDetokenizer:
         # final-only request emits once, at the end).
         self._text = ""
         self.num_output_tokens = 0
+        # The Rust tokenizer's DecodeStream runs the same window algorithm for one token in
+        # one call (see add_token); None: every token takes the Python path.
+        self._stream, self._backend = _decode_stream(tokenizer, skip_special_tokens, self._ids,
+                                                     self._decode)
 
     @property
     def text(self) -> str:
@@ -90,16 +95,40 @@ class IncrementalDetokenizer:
 
     def add_tokens(self, token_ids: Sequence[int]) -> str:
         """Add generated tokens; return the text that became certain (maybe "")."""
+        self._stream = None  # the Python path from here on (its window is the one kept)
         self._ids.extend(self._kept(token_ids))
         self.num_output_tokens += len(token_ids)
         return self._emit(force=False)
 
     def add_token(self, token_id: int) -> str:
-        """:meth:`add_tokens` of one token (the per-step call of a streaming request)."""
+        """:meth:`add_tokens` of one token (the per-step call of a streaming request).
+
+        With a DecodeStream, the window is still kept here (so :meth:`flush` and the
+        fallbacks see the same state) but decoded by the stream: one call instead of two
+        decodes through the binding.
+        """
+        ids = self._ids
         if token_id not in self._skipped_ids:
-            self._ids.append(token_id)
+            ids.append(token_id)
         self.num_output_tokens += 1
-        return self._emit(force=False)
+        stream = self._stream
+        if stream is None:
+            return self._emit(force=False)
+        try:
+            delta = stream.step(self._backend, token_id)
+        except Exception:  # the window's text did not extend its prefix's: Python from here
+            self._stream = None
+            return self._emit(force=False)
+        if delta is None:
+            if len(ids) - self._read >= MAX_PENDING:  # the Python path forces it out
+                self._stream = None
+                return self._emit(force=False)
+            return ""
+        del ids[: self._read]
+        self._read = len(ids)
+        if delta:
+            self._text += delta
+        return delta
 
     def flush(self) -> str:
         """End of output: emit whatever is held back, even an incomplete character."""
@@ -150,15 +179,45 @@ def window_decoder(tokenizer: Any, skip_special_tokens: bool) -> Callable[[Seque
     return general
 
 
-def _rust_window_decoder(tokenizer: Any, skip_special_tokens: bool
-                         ) -> Callable[[list[int]], str] | None:
-    """The Rust tokenizer's ``decode`` of a list, bound to ``skip_special_tokens`` (no Python
-    frame per call), where :func:`window_decoder` would call it; None otherwise."""
+def _list_decoder(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[int]], str]:
+    """:func:`window_decoder` for list windows: where that calls the Rust tokenizer's
+    ``decode``, a closure calling it with positional arguments (the cheapest call through
+    its binding: no keyword parsing, no list conversion)."""
     backend = getattr(tokenizer, "_tokenizer", None)
     if backend is None or not _plain_fast_decode(type(tokenizer)) or getattr(
             tokenizer, "clean_up_tokenization_spaces", True):
-        return None
-    return functools.partial(backend.decode, skip_special_tokens=skip_special_tokens)
+        return window_decoder(tokenizer, skip_special_tokens)
+    decode = backend.decode
+
+    def rust(ids: list[int]) -> str:
+        return decode(ids, skip_special_tokens)
+
+    return rust
+
+
+def _decode_stream(tokenizer: Any, skip_special_tokens: bool, context: list[int],
+                   decode: Callable[[list[int]], str]) -> tuple[Any, Any]:
+    """``(tokenizers.decoders.DecodeStream primed with context, the Rust tokenizer)`` where
+    :func:`window_decoder` would call the Rust ``decode``; ``(None, None)`` otherwise.
+
+    The stream keeps the window as :class:`IncrementalDetokenizer` does (prefix = emitted
+    text, emit when the decode grows and does not end in U+FFFD, then the new tokens become
+    the prefix). Not used when the context itself ends inside a character: the stream
+    would then take the whole context as output.
+    """
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is None or not _plain_fast_decode(type(tokenizer)) or getattr(
+            tokenizer, "clean_up_tokenization_spaces", True):
+        return None, None
+    try:
+        from tokenizers.decoders import DecodeStream
+
+        stream = DecodeStream(ids=list(context), skip_special_tokens=skip_special_tokens)
+    except (ImportError, TypeError):  # an older tokenizers without a primed stream
+        return None, None
+    if context and decode(context).endswith(REPLACEMENT):
+        return None, None
+    return stream, backend
 
 
 _PLAIN_DECODE: dict[type, bool] = {}
