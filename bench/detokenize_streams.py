@@ -1,11 +1,16 @@
 """Host cost of incremental detokenization per engine step, for many concurrent streams.
 
-Every streamed (not ``final_only``) request decodes its window of recent tokens twice per
-step (``IncrementalDetokenizer``). This bench feeds N streams one token each per step and
-times a step, in one process, alternating: the window decoded by the Rust tokenizer
-directly (``detokenizer.window_decoder``, what the engine uses for a plain transformers fast
-tokenizer) and by the tokenizer's own ``decode`` (transformers' Python wrapper: the
-reference, and what other tokenizers get). Both must emit the same text, which is checked.
+Every streamed (not ``final_only``) request detokenizes one token per step
+(``IncrementalDetokenizer.add_token``). This bench feeds N streams one token each per step
+and times a step, in one process, alternating three ways of decoding the same window:
+
+* ``decode``: the tokenizer's own ``decode`` twice per token (transformers' Python wrapper:
+  the reference, and what a tokenizer without the fast paths gets);
+* ``rust``: the Rust tokenizer's ``decode`` twice per token, called directly;
+* ``stream``: ``tokenizers.decoders.DecodeStream``, one call per token (the engine's choice
+  for a plain transformers fast tokenizer).
+
+All three must emit the same text, which is checked.
 
 The tokenizer is a byte-level BPE trained here on Python's own docstrings (no download).
 
@@ -19,7 +24,6 @@ import random
 import statistics
 import time
 
-from inference_engine import detokenizer
 from inference_engine.detokenizer import IncrementalDetokenizer
 
 
@@ -40,21 +44,28 @@ def train_tokenizer():
                                    clean_up_tokenization_spaces=False)
 
 
-def step_ms(tokenizer, prompts, outputs, fast: bool) -> tuple[float, list[str]]:
+MODES = ("decode", "rust", "stream")
+
+
+def make_stream(tokenizer, prompt: list[int], mode: str) -> IncrementalDetokenizer:
+    """A detokenizer that decodes its window the way ``mode`` names."""
+    stream = IncrementalDetokenizer(tokenizer, prompt)
+    if mode == "stream":  # as the engine makes it (Python where the prompt ends mid-character)
+        return stream
+    stream._stream = None  # the window decoded twice per token, in Python
+    if mode == "decode":
+        stream._decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+    return stream
+
+
+def step_ms(tokenizer, prompts, outputs, mode: str) -> tuple[float, list[str]]:
     """Median ms of a step (every stream gets one token) and the streams' texts."""
-    original = detokenizer.window_decoder
-    if not fast:  # the tokenizer's own decode, as for any tokenizer without the fast path
-        detokenizer.window_decoder = (
-            lambda tok, skip: lambda ids: tok.decode(ids, skip_special_tokens=skip))
-    try:
-        streams = [IncrementalDetokenizer(tokenizer, p) for p in prompts]
-    finally:
-        detokenizer.window_decoder = original
+    streams = [make_stream(tokenizer, p, mode) for p in prompts]
     times = []
     for i in range(len(outputs[0])):
         start = time.perf_counter()
         for stream, out in zip(streams, outputs, strict=True):
-            stream.add_tokens(out[i : i + 1])
+            stream.add_token(out[i])
         times.append(time.perf_counter() - start)
     for stream in streams:
         stream.flush()
@@ -72,21 +83,21 @@ def main() -> None:
     vocab = len(tokenizer)
     prompts = [[rng.randrange(vocab) for _ in range(32)] for _ in range(args.streams)]
     outputs = [[rng.randrange(vocab) for _ in range(args.tokens)] for _ in range(args.streams)]
-    runs: dict[bool, list[float]] = {True: [], False: []}
-    texts: dict[bool, list[str]] = {}
+    runs: dict[str, list[float]] = {mode: [] for mode in MODES}
+    texts: dict[str, list[str]] = {}
     for _ in range(args.repeats):
-        for fast in (False, True):
-            ms, texts[fast] = step_ms(tokenizer, prompts, outputs, fast)
-            runs[fast].append(ms)
-    assert texts[True] == texts[False], "the two decoders emitted different text"
-    slow, quick = statistics.median(runs[False]), statistics.median(runs[True])
+        for mode in MODES:
+            ms, texts[mode] = step_ms(tokenizer, prompts, outputs, mode)
+            runs[mode].append(ms)
+    assert texts["rust"] == texts["decode"] == texts["stream"], "the decoders' texts differ"
+    medians = {mode: statistics.median(runs[mode]) for mode in MODES}
     print(f"{args.streams} streams, ms per step (median of {args.repeats} runs of "
           f"{args.tokens} steps):")
-    for name, fast, ms in (("tokenizer.decode (transformers)", False, slow),
-                           ("Rust decode (window_decoder)", True, quick)):
-        print(f"  {name:32s} {ms:.3f}  runs {[round(x, 3) for x in runs[fast]]}")
-    print(f"  ratio {slow / quick:.2f}x; texts identical")
-
+    for mode in MODES:
+        print(f"  {mode:7s} {medians[mode]:.3f}  runs {[round(x, 3) for x in runs[mode]]}  "
+              f"({medians['decode'] / medians[mode]:.2f}x of decode)")
+    with_stream = sum(make_stream(tokenizer, p, "stream")._stream is not None for p in prompts)
+    print(f"  texts identical; {with_stream} of {len(prompts)} streams got a DecodeStream")
 
 if __name__ == "__main__":
     main()

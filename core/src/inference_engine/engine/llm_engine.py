@@ -769,9 +769,11 @@ class LLMEngine:
         forked = self._fork_at_prompt_end(sampling) if self.forks.num_waiting else []
         if forked:  # each sibling samples from its parent's row, with its own seed
             sampling += [state for state, _ in forked]
-            rows = torch.tensor([row for _, row in forked], dtype=torch.int64)
-            sample_logits = torch.cat(
-                [sample_logits, sample_logits.index_select(0, rows.to(sample_logits.device))])
+            # Pinned where the platform has it: a pageable upload would wait for the device.
+            rows = torch.tensor([row for _, row in forked], dtype=torch.int64,
+                                pin_memory=self.platform.pinned_memory())
+            rows = rows.to(sample_logits.device, non_blocking=True)
+            sample_logits = torch.cat([sample_logits, sample_logits.index_select(0, rows)])
         if not sampling:
             return _StepInFlight([], None, None, None, None)
         requests = [state.request for state in sampling]

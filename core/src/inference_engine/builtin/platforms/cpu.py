@@ -6,7 +6,7 @@ from functools import cache
 
 import torch
 
-from inference_engine.cpu_extensions import CpuKernelBuild
+from inference_engine.cpu_extensions import CpuKernelBuild, cpu_isa_flags
 from inference_engine.interfaces.platform import KERNEL_INT8_MM, Platform
 
 __all__ = ["CpuPlatform", "cpu_kernel_builds"]
@@ -31,11 +31,11 @@ def _keep_large_allocations_on_heap() -> None:
 
 @cache
 def has_native_bf16() -> bool:
-    """Whether the CPU has bf16 dot-product instructions (AVX512-BF16 or AMX)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
+    """Whether the CPU has bf16 dot-product instructions (AVX512-BF16 or AMX), from the
+    flags the kernel builds are keyed by; assumed where they cannot be read (the bf16 paths
+    are then taken: correct, only slow without the instructions)."""
+    flags = cpu_isa_flags()
+    if not flags:
         return True
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
