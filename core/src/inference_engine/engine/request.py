@@ -109,8 +109,13 @@ class Request:
     def will_stop_by_length(self) -> bool:
         """Whether the tokens known or pending already reach max_tokens or the context
         limit: the request ends when they are read back, so it is not scheduled again."""
-        num_out = len(self.output_token_ids) + self.num_pending_tokens
-        return num_out >= self.max_new_tokens() or self.num_tokens >= self.max_model_len
+        pending = self.num_pending_tokens
+        num_out = len(self.output_token_ids) + pending
+        # max_new_tokens() written out: the scheduler asks this of every row that runs ahead.
+        room = self.max_model_len - len(self.prompt_token_ids)
+        limit = self.params.max_tokens
+        return (num_out >= (room if limit is None or limit > room else limit)
+                or len(self.all_token_ids) + pending >= self.max_model_len)
 
     def max_new_tokens(self) -> int:
         room = self.max_model_len - self.num_prompt_tokens
