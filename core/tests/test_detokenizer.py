@@ -85,6 +85,15 @@ def check_stream(tokenizer, prompt_ids, output_ids, chunks, skip):
     return expected
 
 
+def check_token_by_token(tokenizer, output, prompt, skip):
+    """:func:`check_stream` one token at a time, as the engine streams, through tokenizers'
+    DecodeStream; returns (the expected text, the output ids used)."""
+    output = [t % len(tokenizer) for t in output]
+    prompt_ids = tokenizer.encode(prompt)
+    assert IncrementalDetokenizer(tokenizer, prompt_ids, skip)._stream is not None
+    return check_stream(tokenizer, prompt_ids, output, [], skip), output
+
+
 PROMPTS = ["", "Say: ", "你好", "héllo wörld 🎉 "]
 SETTINGS = settings(max_examples=150, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -136,12 +145,8 @@ def test_metaspace_random_streams_keep_spaces_between_tokens(output, chunks, pro
     skip=st.booleans(),
 )
 def test_byte_level_token_by_token_through_the_decode_stream(output, prompt, skip):
-    # One token at a time, as the engine streams: tokenizers' DecodeStream decodes the window.
     tokenizer = byte_level_tokenizer()
-    output = [t % len(tokenizer) for t in output]
-    prompt_ids = tokenizer.encode(prompt)
-    assert IncrementalDetokenizer(tokenizer, prompt_ids, skip)._stream is not None
-    expected = check_stream(tokenizer, prompt_ids, output, [], skip)
+    expected, output = check_token_by_token(tokenizer, output, prompt, skip)
     assert expected == tokenizer.decode(output, skip_special_tokens=skip)
 
 
@@ -152,11 +157,7 @@ def test_byte_level_token_by_token_through_the_decode_stream(output, prompt, ski
     skip=st.booleans(),
 )
 def test_metaspace_token_by_token_through_the_decode_stream(output, prompt, skip):
-    tokenizer = metaspace_tokenizer()
-    output = [t % len(tokenizer) for t in output]
-    prompt_ids = tokenizer.encode(prompt)
-    assert IncrementalDetokenizer(tokenizer, prompt_ids, skip)._stream is not None
-    check_stream(tokenizer, prompt_ids, output, [], skip)
+    check_token_by_token(metaspace_tokenizer(), output, prompt, skip)
 
 
 def test_invalid_bytes_are_released_after_max_pending_tokens_one_at_a_time():

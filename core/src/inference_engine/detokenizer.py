@@ -162,9 +162,8 @@ def window_decoder(tokenizer: Any, skip_special_tokens: bool) -> Callable[[Seque
     running request, so calling the Rust ``decode`` directly is what keeps detokenizing
     64 streams cheap. Any other tokenizer keeps its own ``decode``.
     """
-    backend = getattr(tokenizer, "_tokenizer", None)
-    if backend is not None and _plain_fast_decode(type(tokenizer)) and not getattr(
-            tokenizer, "clean_up_tokenization_spaces", True):
+    backend = _plain_rust_backend(tokenizer)
+    if backend is not None:
         decode = backend.decode
 
         def fast(ids: Sequence[int]) -> str:
@@ -183,9 +182,8 @@ def _list_decoder(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[i
     """:func:`window_decoder` for list windows: where that calls the Rust tokenizer's
     ``decode``, a closure calling it with positional arguments (the cheapest call through
     its binding: no keyword parsing, no list conversion)."""
-    backend = getattr(tokenizer, "_tokenizer", None)
-    if backend is None or not _plain_fast_decode(type(tokenizer)) or getattr(
-            tokenizer, "clean_up_tokenization_spaces", True):
+    backend = _plain_rust_backend(tokenizer)
+    if backend is None:
         return window_decoder(tokenizer, skip_special_tokens)
     decode = backend.decode
 
@@ -205,9 +203,8 @@ def _decode_stream(tokenizer: Any, skip_special_tokens: bool, context: list[int]
     the prefix). Not used when the context itself ends inside a character: the stream
     would then take the whole context as output.
     """
-    backend = getattr(tokenizer, "_tokenizer", None)
-    if backend is None or not _plain_fast_decode(type(tokenizer)) or getattr(
-            tokenizer, "clean_up_tokenization_spaces", True):
+    backend = _plain_rust_backend(tokenizer)
+    if backend is None:
         return None, None
     try:
         from tokenizers.decoders import DecodeStream
@@ -218,6 +215,16 @@ def _decode_stream(tokenizer: Any, skip_special_tokens: bool, context: list[int]
     if context and decode(context).endswith(REPLACEMENT):
         return None, None
     return stream, backend
+
+
+def _plain_rust_backend(tokenizer: Any) -> Any | None:
+    """The Rust ``tokenizers.Tokenizer`` behind a plain transformers fast tokenizer (no own
+    decoding, no space clean-up), whose ``decode`` equals the tokenizer's; else None."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is None or not _plain_fast_decode(type(tokenizer)) or getattr(
+            tokenizer, "clean_up_tokenization_spaces", True):
+        return None
+    return backend
 
 
 _PLAIN_DECODE: dict[type, bool] = {}
